@@ -1,0 +1,31 @@
+# Two entry points: `make demo` runs the kit on the bundled data, `make test` runs every test.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_WORKERS ?= 2
+
+.PHONY: install demo test test-browser bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kimi-eagle)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m kimi_eagle.demo --out runs/demo
+
+test: install
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 -m "not browser" tests
+
+test-browser: install
+	$(PY) -m pytest --timeout 600 -m browser tests
+
+bench: install
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf runs .pytest_cache
