@@ -64,3 +64,11 @@ def test_malformed_tokenizer_config_is_a_clear_error(tmp_path):
 def test_missing_tokenizer_dir_is_a_clear_error(tmp_path):
     with pytest.raises(AssetError, match="not found"):
         KimiTokenizer.from_dir(tmp_path / "nowhere")
+
+
+def test_a_corrupt_ranks_line_names_the_file_and_line(tmp_path):
+    src = asset_path("kimi")
+    shutil.copy(src / "tokenizer_config.json", tmp_path)
+    (tmp_path / "tiktoken.model").write_bytes(b"IQ== 0\nnot-base64!! 1\n")
+    with pytest.raises(TokenizerError, match=r"tiktoken.model:2: not a 'base64 rank' line"):
+        KimiTokenizer.from_dir(tmp_path, verify_sha256=False)
