@@ -1,0 +1,197 @@
+"""Verdicts for one record: does the reconstruction reproduce the engine's IDs, and if not, how not.
+
+Record verdicts:
+
+* ``exact`` — the same IDs;
+* ``bpe_split`` — the same bytes, segmented differently (with the token-count delta and whether
+  the engine's runs are the canonical encoding of their bytes);
+* ``semantic`` — some bytes differ (or a special token stands where the other side spells the
+  same text with ordinary tokens).
+
+Every semantic hunk gets one subclass, tested in this order (the first that fits wins):
+
+1. ``truncation`` — the hunk ends both sequences and, special tokens aside, one side's bytes are
+   a proper prefix of the other's;
+2. ``replacement_char`` — both sides read the same once invalid UTF-8 is decoded as U+FFFD;
+3. ``special_token`` — the two runs hold different special tokens (a missing ``</think>``, an
+   extra ``<|im_end|>``, a marker spelled as text on one side);
+4. ``whitespace`` — the runs are equal once ASCII whitespace is removed;
+5. ``tool_call_id`` — the hunk touches a ``tool_id`` segment;
+6. ``tool_args_json_equal`` — the hunk lies in ``tool_args`` whose JSON parses equal on both sides;
+7. ``other``.
+
+A record's ``label`` is ``exact``, ``bpe_split``, its single semantic subclass, or ``mixed``.
+Segments (kind and byte/token ranges) describe the reconstructed side, as in the reconstructed row.
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from .align import Alignment, Hunk, align
+from .tokenizer import Tokenizer
+
+VERDICTS = ("exact", "bpe_split", "semantic")
+SUBCLASSES = ("truncation", "replacement_char", "special_token", "whitespace", "tool_call_id",
+              "tool_args_json_equal", "other")
+LABELS = ("exact", "bpe_split", *SUBCLASSES, "mixed")
+_WS = b" \t\r\n\f\v"
+
+
+@dataclass
+class HunkVerdict:
+    hunk: Hunk
+    kind: str  # "split" (same bytes) or "semantic"
+    subclass: str | None  # for semantic hunks
+    segment: str  # kinds of the reconstructed segments it touches, joined by "+"
+    engine_canonical: bool | None  # engine run == encode(its bytes); None if not valid UTF-8
+    recon_canonical: bool | None
+
+
+@dataclass
+class RecordVerdict:
+    verdict: str
+    label: str
+    subclasses: list[str]  # distinct semantic subclasses, in SUBCLASSES order
+    hunks: list[HunkVerdict]
+    alignment: Alignment
+
+    @property
+    def n_engine(self) -> int:
+        return len(self.alignment.a)
+
+    @property
+    def n_recon(self) -> int:
+        return len(self.alignment.b)
+
+    @property
+    def token_delta(self) -> int:
+        """Reconstructed tokens minus engine tokens (the sum of the hunks' deltas)."""
+        return self.n_recon - self.n_engine
+
+    @property
+    def engine_canonical(self) -> bool | None:
+        """For split hunks: are all the engine's runs canonical? None without split hunks."""
+        flags = [h.engine_canonical for h in self.hunks if h.kind == "split"]
+        if not flags:
+            return None
+        return None if any(f is None for f in flags) else all(flags)
+
+    @property
+    def first_divergence(self) -> int | None:
+        """Engine token index of the first hunk."""
+        return self.hunks[0].hunk.a_start if self.hunks else None
+
+
+_SPECIALS: "weakref.WeakKeyDictionary[object, tuple[frozenset[int], dict[int, str]]]" = weakref.WeakKeyDictionary()
+
+
+def _specials(tok: Tokenizer) -> tuple[frozenset[int], dict[int, str]]:
+    try:
+        return _SPECIALS[tok]
+    except (KeyError, TypeError):
+        pass
+    texts = {s.id: s.text for s in tok.special_tokens}
+    entry = (frozenset(texts), texts)
+    try:
+        _SPECIALS[tok] = entry
+    except TypeError:
+        pass
+    return entry
+
+
+def is_canonical(tok: Tokenizer, ids: Sequence[int], raw: bytes) -> bool | None:
+    """Is ``ids`` what the tokenizer produces for ``raw``? None when ``raw`` is not valid UTF-8."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    specials, texts = _specials(tok)
+    allowed = {texts[i] for i in ids if i in specials}
+    return tok.encode(text, allow_special=allowed) == list(ids)
+
+
+def _segment_kinds(segments: Sequence[Mapping[str, Any]], start: int, end: int) -> list[str]:
+    """Kinds of the segments overlapping bytes ``[start, end)``; for an empty range, those touching it."""
+    kinds: list[str] = []
+    for s in segments:
+        bs, be = int(s["byte_start"]), int(s["byte_end"])
+        hit = (bs < end and be > start) if end > start else (bs <= start <= be)
+        if hit and s["kind"] not in kinds:
+            kinds.append(s["kind"])
+    return kinds
+
+
+def _ordinary_bytes(tok: Tokenizer, ids: Iterable[int], specials: frozenset[int]) -> bytes:
+    return b"".join(tok.token_bytes(i) for i in ids if i not in specials)
+
+
+def _json_equal(x: bytes, y: bytes) -> bool:
+    try:
+        return json.loads(x.decode("utf-8")) == json.loads(y.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]]) -> str:
+    """The subclass of one hunk whose bytes (or special tokens) differ; see the module docstring."""
+    specials, _ = _specials(tok)
+    a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
+    xa, xb = al.a_run_bytes(h), al.b_run_bytes(h)
+    if xa != xb and h.a_end == len(al.a) and h.b_end == len(al.b):
+        oa, ob = _ordinary_bytes(tok, a_run, specials), _ordinary_bytes(tok, b_run, specials)
+        short, long_ = sorted((oa, ob), key=len)
+        if len(short) < len(long_) and long_.startswith(short):
+            return "truncation"
+    if xa != xb and xa.decode("utf-8", errors="replace") == xb.decode("utf-8", errors="replace"):
+        return "replacement_char"
+    if Counter(i for i in a_run if i in specials) != Counter(i for i in b_run if i in specials):
+        return "special_token"
+    if xa.translate(None, _WS) == xb.translate(None, _WS):
+        return "whitespace"
+    kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
+    if "tool_id" in kinds:
+        return "tool_call_id"
+    if kinds and set(kinds) == {"tool_args"}:
+        args = [s for s in segments if s["kind"] == "tool_args" and int(s["byte_start"]) <= h.b_byte_start
+                and h.b_byte_end <= int(s["byte_end"])]
+        if args:
+            bs, be = int(args[0]["byte_start"]), int(args[0]["byte_end"])
+            as_, ae = al.b_to_a_byte(bs, "start"), al.b_to_a_byte(be, "end")
+            if _json_equal(al.a_bytes[as_:ae], al.b_bytes[bs:be]):
+                return "tool_args_json_equal"
+    return "other"
+
+
+def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping[str, Any]] = ()) -> RecordVerdict:
+    """Verdict for an alignment of engine IDs (``a``) against reconstructed IDs (``b``)."""
+    specials, _ = _specials(tok)
+    segments = sorted(segments, key=lambda s: (int(s["byte_start"]), int(s["byte_end"])))
+    hunks: list[HunkVerdict] = []
+    for h in al.hunks:
+        a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
+        kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
+        segment = "+".join(kinds)
+        same_specials = Counter(i for i in a_run if i in specials) == Counter(i for i in b_run if i in specials)
+        if h.same_bytes and same_specials:
+            hunks.append(HunkVerdict(h, "split", None, segment, is_canonical(tok, a_run, al.a_run_bytes(h)),
+                                     is_canonical(tok, b_run, al.b_run_bytes(h))))
+        else:
+            hunks.append(HunkVerdict(h, "semantic", semantic_subclass(tok, al, h, segments), segment, None, None))
+    subclasses = [c for c in SUBCLASSES if any(hv.subclass == c for hv in hunks)]
+    if not hunks:
+        verdict, label = "exact", "exact"
+    elif not subclasses:
+        verdict, label = "bpe_split", "bpe_split"
+    else:
+        verdict, label = "semantic", subclasses[0] if len(subclasses) == 1 else "mixed"
+    return RecordVerdict(verdict, label, subclasses, hunks, al)
+
+
+def classify(tok: Tokenizer, engine_ids: Sequence[int], recon_ids: Sequence[int],
+             segments: Sequence[Mapping[str, Any]] = ()) -> RecordVerdict:
+    """Align engine IDs against reconstructed IDs and classify the record."""
+    return classify_alignment(tok, align(tok, engine_ids, recon_ids), segments)

@@ -1,0 +1,144 @@
+"""Byte-offset alignment of two ID sequences of the real Kimi tokenizer."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kimi_eagle.align import AlignError, align, equal_byte_blocks
+from kimi_eagle.tokenizer import ids_to_bytes
+
+TEXT = ("The quick brown fox jumps over the lazy dog. 世界你好！Ünïcödé — emoji 🦊 and tabs\tand\n\nnewlines; "
+        'JSON {"city": "Paris", "unit": "celsius"} and code `for i in range(10): print(i)`.')
+
+
+def split_token(tok, ids, index):
+    """Replace ``ids[index]`` by two valid tokens spelling the same bytes (as sampling can produce)."""
+    raw = tok.token_bytes(ids[index])
+    for cut in range(1, len(raw)):
+        left, right = raw[:cut], raw[cut:]
+        try:
+            return ids[:index] + [tok.encoding.encode_single_token(left), tok.encoding.encode_single_token(right)] + ids[index + 1 :]
+        except KeyError:
+            continue
+    return None
+
+
+def check_invariants(tok, al):
+    """Hunks are ordered and disjoint, and outside them both sequences agree token for token."""
+    a, b = al.a, al.b
+    ia = ib = 0
+    for h in al.hunks:
+        assert h.a_start >= ia and h.b_start >= ib
+        assert a[ia : h.a_start] == b[ib : h.b_start], "tokens between hunks must be identical"
+        assert al.a_run_bytes(h) == ids_to_bytes(tok, a[h.a_start : h.a_end])
+        assert al.b_run_bytes(h) == ids_to_bytes(tok, b[h.b_start : h.b_end])
+        assert h.same_bytes == (al.a_run_bytes(h) == al.b_run_bytes(h))
+        assert a[h.a_start : h.a_end] != b[h.b_start : h.b_end]
+        ia, ib = h.a_end, h.b_end
+    assert a[ia:] == b[ib:]
+
+
+def test_identical_sequences_have_no_hunks(kimi):
+    ids = kimi.encode(TEXT)
+    al = align(kimi, ids, list(ids))
+    assert al.exact and al.hunks == []
+    assert al.a_bytes == TEXT.encode()
+    assert list(al.a_offsets[[0, -1]]) == [0, len(TEXT.encode())]
+
+
+def test_a_token_split_in_two_is_one_same_bytes_hunk(kimi):
+    ids = kimi.encode(TEXT)
+    index = next(i for i, t in enumerate(ids) if len(kimi.token_bytes(t)) >= 4)
+    split = split_token(kimi, ids, index)
+    al = align(kimi, split, ids)
+    assert len(al.hunks) == 1
+    h = al.hunks[0]
+    assert (h.a_start, h.a_end, h.b_start, h.b_end) == (index, index + 2, index, index + 1)
+    assert h.same_bytes and h.token_delta == -1
+    start = len(ids_to_bytes(kimi, ids[:index]))
+    assert (h.a_byte_start, h.a_byte_end) == (start, start + len(kimi.token_bytes(ids[index])))
+    check_invariants(kimi, al)
+
+
+def test_partial_utf8_tokens_align_by_bytes(kimi):
+    ids = kimi.encode("世界")
+    byte_ids = [kimi.encoding.encode_single_token(bytes([c])) for c in "世界".encode()]
+    al = align(kimi, byte_ids, ids)
+    assert len(al.hunks) == 1 and al.hunks[0].same_bytes
+    assert (al.hunks[0].a_end - al.hunks[0].a_start, al.hunks[0].b_end - al.hunks[0].b_start) == (6, len(ids))
+
+
+def test_a_changed_word_is_a_small_hunk(kimi):
+    a = kimi.encode(TEXT)
+    b = kimi.encode(TEXT.replace("lazy", "sleepy"))
+    al = align(kimi, a, b)
+    assert len(al.hunks) == 1
+    h = al.hunks[0]
+    assert not h.same_bytes
+    assert al.a_run_bytes(h).strip() == b"lazy" and al.b_run_bytes(h).strip() == b"sleepy"
+    check_invariants(kimi, al)
+
+
+def test_a_missing_tail_is_a_hunk_at_the_end(kimi):
+    a = kimi.encode(TEXT)
+    al = align(kimi, a, a[:-7])
+    assert len(al.hunks) == 1
+    h = al.hunks[0]
+    assert (h.a_start, h.a_end, h.b_start, h.b_end) == (len(a) - 7, len(a), len(a) - 7, len(a) - 7)
+
+
+def test_several_edits_make_several_hunks(kimi):
+    a = kimi.encode(TEXT)
+    b = kimi.encode(TEXT.replace("quick", "slow").replace("Paris", "Rome").replace("\n\n", "\n"))
+    al = align(kimi, a, b)
+    assert len(al.hunks) == 3
+    check_invariants(kimi, al)
+
+
+def test_empty_sequences(kimi):
+    assert align(kimi, [], []).exact
+    al = align(kimi, [], kimi.encode("hi"))
+    assert len(al.hunks) == 1 and al.hunks[0].a_end == 0 and al.hunks[0].b_end == 1
+
+
+def test_out_of_range_ids_are_a_clear_error(kimi):
+    with pytest.raises(AlignError, match=r"a\[1\] = 163840 is outside the vocabulary 0..163839"):
+        align(kimi, [1, kimi.n_vocab], [1])
+    with pytest.raises(AlignError, match=r"b\[0\] = -3"):
+        align(kimi, [1], [-3])
+
+
+def test_b_to_a_byte_maps_across_hunks(kimi):
+    a = kimi.encode("alpha beta gamma delta")
+    b = kimi.encode("alpha BETA-BETA gamma delta")
+    al = align(kimi, a, b)
+    gamma_b = al.b_bytes.index(b"gamma")
+    assert al.a_bytes[al.b_to_a_byte(gamma_b):].startswith(b"gamma")
+    assert al.b_to_a_byte(0) == 0
+    assert al.b_to_a_byte(len(al.b_bytes), "end") == len(al.a_bytes)
+
+
+def test_equal_byte_blocks_cover_the_common_bytes():
+    x, y = b"one two three four five", b"one 2 three four fiver"
+    blocks = equal_byte_blocks(x, y)
+    assert sum(n for _, _, n in blocks) == len(b"one  three four five")
+    for i, j, n in blocks:
+        assert x[i : i + n] == y[j : j + n]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), n_splits=st.integers(0, 4), n_edits=st.integers(0, 3))
+def test_random_splits_and_edits_keep_the_invariants(kimi, seed, n_splits, n_edits):
+    rng = random.Random(seed)
+    words = TEXT.split(" ")
+    text_b = " ".join(w if rng.random() > n_edits / 10 else w[::-1] + "x" for w in words)
+    a, b = kimi.encode(" ".join(words)), kimi.encode(text_b)
+    for _ in range(n_splits):
+        a = split_token(kimi, a, rng.randrange(len(a))) or a
+    al = align(kimi, a, b)
+    check_invariants(kimi, al)
+    if al.a_bytes == al.b_bytes:
+        assert all(h.same_bytes for h in al.hunks)
