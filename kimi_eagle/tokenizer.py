@@ -294,10 +294,29 @@ class HFTokenizer:
                 table[i] = text.encode()
         return table
 
-    def encode(self, text: str, allow_special: AllowSpecial = False) -> list[int]:
-        """Encode without adding BOS/EOS. ``allow_special`` False encodes special spellings as text."""
-        self._tok.encode_special_tokens = not bool(allow_special)
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, allow_special: AllowSpecial = False, continuation: bool = False) -> list[int]:
+        """Encode without adding BOS/EOS. ``allow_special`` False encodes special spellings as text.
+
+        ``continuation``: encode ``text`` as the continuation of earlier text, i.e. without the
+        SentencePiece dummy-prefix space (Metaspace ``prepend_scheme``), so the token bytes equal
+        the text's UTF-8 bytes. No effect on tokenizers without a dummy prefix.
+        """
+        tok = self._continuation_tok if continuation else self._tok
+        tok.encode_special_tokens = not bool(allow_special)
+        return tok.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def _continuation_tok(self):
+        """A copy whose Metaspace pre-tokenizer never prepends the dummy-prefix space."""
+        from tokenizers import Tokenizer as _HF
+
+        spec = json.loads(self._tok.to_str())
+        changed = False
+        for pre in _metaspaces(spec.get("pre_tokenizer")):
+            if pre.get("prepend_scheme", "always") != "never" or pre.get("add_prefix_space"):
+                pre["prepend_scheme"], changed = "never", True
+                pre.pop("add_prefix_space", None)
+        return _HF.from_str(json.dumps(spec)) if changed else self._tok
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
@@ -309,6 +328,15 @@ class HFTokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._added and self._added[token_id][1]
+
+
+def _metaspaces(node: dict | None) -> list[dict]:
+    """The Metaspace pre-tokenizers in a tokenizer.json ``pre_tokenizer`` (possibly a Sequence)."""
+    if not node:
+        return []
+    if node.get("type") == "Metaspace":
+        return [node]
+    return [m for sub in node.get("pretokenizers", []) for m in _metaspaces(sub)]
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

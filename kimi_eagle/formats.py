@@ -1,0 +1,358 @@
+"""Chat formats: render a prompt natively (byte-identical to the official template) and build completions.
+
+A :class:`Format` turns ``messages[:j]`` (+ tools) into prompt pieces ending in the generation
+prompt, and an API :class:`~kimi_eagle.completion.Turn` into completion segments. The Kimi
+renderers are written in Python from the templates in ``assets/kimi/templates/``; the templates
+themselves are only the oracle in the tests. ``hf-template`` plugs in a HF tokenizer's own jinja
+chat template (e.g. Qwen3); ``plain`` is for base models such as stories260K.
+
+Formats: ``kimi-k2.5`` (thinking on: the generation prompt ends in ``<think>``),
+``kimi-k2.5-nothink`` (thinking off: ``<think></think>``), ``kimi-k2-thinking``, ``kimi-k2-instruct``,
+``hf-template``, ``plain``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from .completion import (
+    CONTENT,
+    SPECIAL,
+    TEXT,
+    CompletionOptions,
+    Piece,
+    Segment,
+    Turn,
+    content,
+    kimi_completion,
+    special,
+    tojson,
+)
+from .records import RecordError
+from .tokenizer import Tokenizer
+
+Message = dict[str, Any]
+KIMI_DEFAULT_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
+
+
+class Format(Protocol):
+    """A chat format: prompt pieces for ``messages`` and completion segments for a turn."""
+
+    name: str
+    continuation: bool  # encode the completion as a continuation (no SentencePiece dummy prefix)
+
+    def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]: ...
+
+    def completion_segments(self, turn: Turn, messages: Sequence[Message],
+                            options: CompletionOptions) -> tuple[list[Segment], list[str]]: ...
+
+
+def render(pieces: Sequence[Piece]) -> str:
+    """The prompt string the template would render."""
+    return "".join(t for t, _ in pieces)
+
+
+def count_tool_calls(messages: Sequence[Message]) -> int:
+    """Tool calls already made by assistant messages (the ``idx`` of ``functions.{name}:{idx}`` continues from here)."""
+    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+
+
+# --------------------------------------------------------------------------------------------
+# Kimi pieces shared by the three templates
+
+
+def _j(value: Any) -> str:
+    """What ``{{ value }}`` prints in jinja: ``str()``, with None as ``"None"``."""
+    return value if isinstance(value, str) else str(value)
+
+
+def _role_header(m: Message) -> list[Piece]:
+    role = m["role"]
+    name = m.get("name") or role
+    opener = "<|im_user|>" if role == "user" else "<|im_assistant|>" if role == "assistant" else "<|im_system|>"
+    return [(opener, SPECIAL), (_j(name), TEXT), ("<|im_middle|>", SPECIAL)]
+
+
+_MEDIA_K25 = [("<|media_begin|>", SPECIAL), ("image", TEXT), ("<|media_content|>", SPECIAL),
+              ("<|media_pad|>", SPECIAL), ("<|media_end|>", SPECIAL), ("\n", TEXT)]
+_MEDIA_K2 = [("<|media_start|>", SPECIAL), ("image", TEXT), ("<|media_content|>", SPECIAL),
+             ("<|media_pad|>", SPECIAL), ("<|media_end|>", SPECIAL), ("\n", TEXT)]
+
+
+def _content_k25(m: Message) -> list[Piece]:
+    c = m.get("content")
+    if isinstance(c, str):
+        return [(c, CONTENT)] if c else []
+    out: list[Piece] = []
+    for part in c or ():
+        kind = part.get("type")
+        if kind in ("image", "image_url"):
+            out += _MEDIA_K25
+        elif kind in ("video", "video_url"):
+            out += [("<|kimi_k25_video_placeholder|>", SPECIAL), ("\n", TEXT)]
+        elif part.get("text") is not None:
+            out.append((_j(part["text"]), CONTENT))
+    return out
+
+
+def _content_k2(m: Message) -> list[Piece]:
+    c = m.get("content")
+    if isinstance(c, str):
+        return [(c, CONTENT)] if c else []
+    out: list[Piece] = []
+    for part in c or ():
+        if part.get("type") == "image" or "image" in part or "image_url" in part:
+            out += _MEDIA_K2
+        elif part.get("text") is not None:
+            out.append((_j(part["text"]), CONTENT))
+    return out
+
+
+def _args(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else tojson(arguments)
+
+
+def _tool_calls(calls: list[dict], ids: Sequence[str]) -> list[Piece]:
+    out: list[Piece] = [("<|tool_calls_section_begin|>", SPECIAL)]
+    for call, tool_id in zip(calls, ids):
+        out += [("<|tool_call_begin|>", SPECIAL), (tool_id, CONTENT), ("<|tool_call_argument_begin|>", SPECIAL),
+                (_args(call["function"].get("arguments")), CONTENT), ("<|tool_call_end|>", SPECIAL)]
+    out.append(("<|tool_calls_section_end|>", SPECIAL))
+    return out
+
+
+def _tool_return(tool_call_id: str, body: list[Piece]) -> list[Piece]:
+    return [(f"## Return of {tool_call_id}\n", TEXT), *body]
+
+
+# --------------------------------------------------------------------------------------------
+# K2.5
+
+
+@dataclass
+class KimiK25:
+    """Kimi-K2.5 (``kimi-k2.5.jinja``). History reasoning is dropped up to the last assistant
+    message without tool calls unless ``preserve_thinking``; tools are compact JSON unless a
+    TypeScript declaration (``tools_ts``) is given."""
+
+    thinking: bool = True
+    preserve_thinking: bool = False
+    tools_ts: Callable[[list], str] | None = None
+    name: str = "kimi-k2.5"
+    continuation: bool = False
+
+    def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
+        last = -1
+        if not self.preserve_thinking:
+            for idx in range(len(messages) - 1, -1, -1):
+                if messages[idx]["role"] == "assistant" and not messages[idx].get("tool_calls"):
+                    last = idx
+                    break
+        out: list[Piece] = []
+        if tools:
+            decl = self.tools_ts(tools) if self.tools_ts else ""
+            out += [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL),
+                    (decl or tojson(tools, separators=(",", ":")), CONTENT), ("<|im_end|>", SPECIAL)]
+        for i, m in enumerate(messages):
+            out += _role_header(m)
+            role = m["role"]
+            if role == "assistant":
+                if i <= last or not self.thinking:
+                    out += [("<think>", SPECIAL), ("</think>", SPECIAL)]
+                else:
+                    rc = m.get("reasoning_content", "")
+                    out += [("<think>", SPECIAL), (_j(rc), CONTENT), ("</think>", SPECIAL)]
+                out += _content_k25(m)
+                if m.get("tool_calls"):
+                    out += _tool_calls(m["tool_calls"], [_j(c.get("id", "")) for c in m["tool_calls"]])
+            elif role == "tool":
+                out += _tool_return(_j(m.get("tool_call_id", "")), _content_k25(m))
+            elif m.get("content") is not None:
+                out += _content_k25(m)
+            out.append(("<|im_end|>", SPECIAL))
+        out += [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL), ("<think>", SPECIAL)]
+        if not self.thinking:
+            out.append(("</think>", SPECIAL))
+        return out
+
+    def completion_segments(self, turn: Turn, messages: Sequence[Message],
+                            options: CompletionOptions) -> tuple[list[Segment], list[str]]:
+        return kimi_completion(turn, count_tool_calls(messages), options, thinking=self.thinking)
+
+
+# --------------------------------------------------------------------------------------------
+# K2-Thinking and K2-Instruct: ids come from a counter, tool results from a queue
+
+
+class _ToolIds:
+    """The templates' ``tool_call_counter`` and ``tool_response_queue``."""
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.queue: list[str] = []
+
+    def calls(self, calls: list[dict]) -> list[str]:
+        ids = []
+        for call in calls:
+            ids.append(f"functions.{_j(call['function']['name'])}:{self.counter}")
+            self.counter += 1
+        self.queue += ids
+        return ids
+
+    def response(self, m: Message) -> str:
+        if self.queue:
+            return self.queue.pop(0)
+        return f"functions.{_j(m.get('name', 'unknown'))}:{self.counter}"
+
+
+@dataclass
+class KimiK2Thinking:
+    """Kimi-K2-Thinking (``kimi-k2-thinking.jinja``): default system prompt, ``tojson`` tools,
+    history before the *first* assistant message without tool calls rendered with empty
+    ``<think></think>`` (the template's scan has no ``break``)."""
+
+    name: str = "kimi-k2-thinking"
+    continuation: bool = False
+
+    def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
+        last = -1
+        for idx in range(len(messages) - 1, -1, -1):
+            if messages[idx]["role"] == "assistant" and not messages[idx].get("tool_calls"):
+                last = idx
+        out: list[Piece] = []
+        if tools:
+            out += [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL),
+                    (tojson(tools), CONTENT), ("<|im_end|>", SPECIAL)]
+        if not messages or messages[0]["role"] != "system":
+            out += [("<|im_system|>", SPECIAL), ("system", TEXT), ("<|im_middle|>", SPECIAL),
+                    (KIMI_DEFAULT_SYSTEM, TEXT), ("<|im_end|>", SPECIAL)]
+        ids = _ToolIds()
+        for i, m in enumerate(messages):
+            out += _role_header(m)
+            role = m["role"]
+            if role == "assistant":
+                if i <= last:
+                    out += [("<think>", SPECIAL), ("</think>", SPECIAL)]
+                else:
+                    out += [("<think>", SPECIAL), (_j(m.get("reasoning_content", "")), CONTENT), ("</think>", SPECIAL)]
+                out += _content_k2(m)
+                if m.get("tool_calls"):
+                    out += _tool_calls(m["tool_calls"], ids.calls(m["tool_calls"]))
+            elif role == "tool":
+                out += _tool_return(ids.response(m), _content_k2(m))
+            elif m.get("content") is not None:
+                out += _content_k2(m)
+            out.append(("<|im_end|>", SPECIAL))
+        out += [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL)]
+        return out
+
+    def completion_segments(self, turn: Turn, messages: Sequence[Message],
+                            options: CompletionOptions) -> tuple[list[Segment], list[str]]:
+        return kimi_completion(turn, count_tool_calls(messages), options, thinking=True, think_begin=True)
+
+
+@dataclass
+class KimiK2Instruct:
+    """Kimi-K2-Instruct (``kimi-k2-instruct.jinja``): no reasoning; the default system prompt is
+    followed by a newline (a quirk of the template's whitespace)."""
+
+    name: str = "kimi-k2-instruct"
+    continuation: bool = False
+
+    def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
+        out: list[Piece] = []
+        if tools:
+            out += [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL),
+                    (tojson(tools), CONTENT), ("<|im_end|>", SPECIAL)]
+        ids = _ToolIds()
+        for i, m in enumerate(messages):
+            if i == 0 and messages[0]["role"] != "system":
+                out += [("<|im_system|>", SPECIAL), ("system", TEXT), ("<|im_middle|>", SPECIAL),
+                        (KIMI_DEFAULT_SYSTEM, TEXT), ("<|im_end|>", SPECIAL), ("\n", TEXT)]
+            out += _role_header(m)
+            role = m["role"]
+            if role == "assistant" and m.get("tool_calls"):
+                out += _content_k2(m)
+                out += _tool_calls(m["tool_calls"], ids.calls(m["tool_calls"]))
+            elif role == "tool":
+                out += _tool_return(ids.response(m), _content_k2(m))
+            elif m.get("content") is not None:
+                out += _content_k2(m)
+            out.append(("<|im_end|>", SPECIAL))
+        out += [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL)]
+        return out
+
+    def completion_segments(self, turn: Turn, messages: Sequence[Message],
+                            options: CompletionOptions) -> tuple[list[Segment], list[str]]:
+        return kimi_completion(turn, count_tool_calls(messages), options, thinking=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain (base models)
+
+
+@dataclass
+class Plain:
+    """A base model: prompt = BOS + the concatenated message contents; completion = content,
+    then EOS when ``finish_reason`` is ``stop``. The completion is encoded as a continuation, so
+    its token bytes equal the content's UTF-8 bytes (no SentencePiece dummy-prefix space)."""
+
+    bos: str | None = "<s>"
+    eos: str = "</s>"
+    name: str = "plain"
+    continuation: bool = True
+
+    def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
+        out: list[Piece] = [(self.bos, SPECIAL)] if self.bos else []
+        for m in messages:
+            c = m.get("content")
+            if isinstance(c, str):
+                out.append((c, CONTENT))
+            elif c:
+                out += [(_j(p["text"]), CONTENT) for p in c if p.get("text") is not None]
+        return out
+
+    def completion_segments(self, turn: Turn, messages: Sequence[Message],
+                            options: CompletionOptions) -> tuple[list[Segment], list[str]]:
+        if turn.tool_calls:
+            raise RecordError("the plain format has no tool calls")
+        flags = ["reasoning_dropped"] if turn.reasoning else []
+        segs = [content("content", turn.content)] if turn.content else []
+        if turn.finish_reason == "length":
+            flags.append("truncated")
+        else:
+            segs.append(special("im_end", self.eos))
+        return segs, flags
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+
+
+def _special_or_none(tok: Tokenizer | None, key: str) -> str | None:
+    if tok is None:
+        return None
+    value = getattr(tok, "config", {}).get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value
+
+
+def get_format(name: str, tokenizer: Tokenizer | None = None) -> Format:
+    """The chat format called ``name``; ``hf-template`` and ``plain`` read the tokenizer's config."""
+    if name == "kimi-k2.5":
+        return KimiK25(thinking=True)
+    if name == "kimi-k2.5-nothink":
+        return KimiK25(thinking=False, name=name)
+    if name == "kimi-k2-thinking":
+        return KimiK2Thinking()
+    if name == "kimi-k2-instruct":
+        return KimiK2Instruct()
+    if name == "plain":
+        bos = _special_or_none(tokenizer, "bos_token") if tokenizer is not None else "<s>"
+        eos = _special_or_none(tokenizer, "eos_token") if tokenizer is not None else "</s>"
+        return Plain(bos=bos, eos=eos or "</s>")
+    raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMATS)}")
+
+
+FORMATS = ("kimi-k2.5", "kimi-k2.5-nothink", "kimi-k2-thinking", "kimi-k2-instruct", "plain")
