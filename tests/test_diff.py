@@ -1,0 +1,141 @@
+"""`kimi-eagle diff`: every id of either input gets a row; hunks, billing and bad input."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kimi_eagle.cli import main
+from kimi_eagle.diff import read_diff
+
+from test_align import split_token
+from test_classify import build, turn
+
+
+def recon_row(rid, ids, segs, status="ok", error=None, billed=None, billed_reasoning=None, dataset="demo"):
+    return {"id": rid, "dataset": dataset, "status": status, "error": error, "format": "kimi-k2.5",
+            "prompt_ids": [1, 2, 3], "completion_ids": ids, "n_prompt_tokens": 3, "n_completion_tokens": len(ids),
+            "segments": segs, "flags": [], "finish_reason": "tool_calls", "billed_completion_tokens": billed,
+            "billed_reasoning_tokens": billed_reasoning, "provider": "test"}
+
+
+def write_recon(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def write_engine(path, lines):
+    path.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
+
+
+@pytest.fixture(scope="module")
+def inputs(kimi, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("diff-inputs")
+    ids, segs = build(kimi, turn())
+    k = next(i for i, t in enumerate(ids) if kimi.token_bytes(t) == b" weather")
+    split = split_token(kimi, ids, k)
+    no_think, _ = build(kimi, turn(think_end=False))
+    n_reasoning = segs[0]["tok_end"]
+    rows = [
+        recon_row("exact", ids, segs, billed=len(ids), billed_reasoning=n_reasoning),
+        recon_row("split", ids, segs, billed=len(split) + 1, billed_reasoning=n_reasoning + 1),
+        recon_row("think", ids, segs, billed=len(no_think)),
+        recon_row("recon-only", ids, segs),
+        recon_row("recon-failed", [], [], status="error", error="args_not_json: cannot parse"),
+        recon_row("bad-ids", ids, segs),
+        recon_row("empty", ids, segs),
+        recon_row("dup", ids, segs),
+    ]
+    engine = [
+        {"id": "exact", "output_ids": ids, "prompt_ids": [1, 2, 3]},
+        {"id": "split", "output_ids": split, "prompt_ids": [1, 2, 4]},
+        {"meta_info": {"id": "think", "finish_reason": {"type": "stop"}}, "output_ids": no_think},  # SGLang shape
+        {"id": "engine-only", "output_ids": ids},
+        "{not json",
+        {"id": "bad-ids", "output_ids": [5, kimi.n_vocab + 7]},
+        {"id": "empty", "output_ids": []},
+        {"id": "dup", "output_ids": ids},
+        {"id": "dup", "output_ids": ids},
+        {"id": "no-ids"},
+    ]
+    write_recon(tmp_path / "recon.parquet", rows)
+    write_engine(tmp_path / "engine.jsonl", engine)
+    pq.write_table(pa.Table.from_pylist([{"id": "split", "expected": "bpe_split"}]), tmp_path / "labels.parquet")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def diffed(inputs):
+    out = inputs / "diff"
+    rc = main(["diff", "--engine", str(inputs / "engine.jsonl"), "--reconstructed", str(inputs / "recon.parquet"),
+               "-o", str(out), "--labels", str(inputs / "labels.parquet")])
+    assert rc == 0
+    return out
+
+
+def test_diff_writes_one_row_per_id_of_either_input(diffed):
+    out = diffed
+    result = read_diff(out)
+    recs = result.records.set_index("id")
+    assert sorted(recs.index) == sorted(["exact", "split", "think", "recon-only", "recon-failed", "bad-ids", "empty",
+                                         "dup", "engine-only", "<engine line 5>", "no-ids"])
+    status = recs["status"].to_dict()
+    assert status["exact"] == status["split"] == status["think"] == "ok"
+    assert status["recon-only"] == "missing_engine" and status["engine-only"] == "missing_api"
+    for rid in ("recon-failed", "bad-ids", "empty", "dup", "<engine line 5>", "no-ids"):
+        assert status[rid] == "error", rid
+    assert "args_not_json" in recs.loc["recon-failed", "error"]
+    assert "163847 is outside the vocabulary" in recs.loc["bad-ids", "error"]
+    assert "output_ids is empty" in recs.loc["empty", "error"]
+    assert "duplicate id" in recs.loc["dup", "error"] and "lines 8 and 9" in recs.loc["dup", "error"]
+    assert "not JSON" in recs.loc["<engine line 5>", "error"]
+    assert "no output_ids" in recs.loc["no-ids", "error"]
+    assert (recs.loc["exact", "verdict"], recs.loc["split", "verdict"], recs.loc["think", "label"]) == (
+        "exact", "bpe_split", "special_token")
+    assert recs.loc["exact", "prompt_match"] and not recs.loc["split", "prompt_match"]
+    assert recs.loc["think", "engine_finish_reason"] == "stop"
+
+    hunks = result.hunks
+    assert set(hunks["id"]) == {"split", "think"}
+    split = hunks[hunks["id"] == "split"].iloc[0]
+    assert (split["kind"], split["segment"], split["token_delta"]) == ("split", "reasoning", -1)
+    assert split["engine_bytes"] == split["recon_bytes"] == b" weather"
+    assert len(split["engine_ids"]) == 2 and len(split["recon_ids"]) == 1
+    think = hunks[hunks["id"] == "think"].iloc[0]
+    assert (think["subclass"], think["segment"], think["recon_bytes"]) == ("special_token", "think_end", b"</think>")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["n_records"] == 11 and meta["status"]["error"] == 6
+
+
+def test_billing_is_split_into_explained_and_unexplained(diffed):
+    recs = read_diff(diffed).records.set_index("id")
+    exact, split, think = recs.loc["exact"], recs.loc["split"], recs.loc["think"]
+    assert (exact["billing_delta"], exact["billing_explained"], exact["billing_unexplained"]) == (0, 0, 0)
+    # billed = engine + 1; the engine's extra split token is explained, the +1 is not
+    assert (split["billing_delta"], split["billing_explained"], split["billing_unexplained"]) == (2, 1, 1)
+    assert (split["reasoning_delta"], split["reasoning_explained"], split["reasoning_unexplained"]) == (1, 1, 0)
+    # the engine lacks </think>: billed one fewer, all explained by the special-token hunk
+    assert (think["billing_delta"], think["billing_explained"], think["billing_unexplained"]) == (-1, -1, 0)
+    assert recs["billing_delta"].isna()["recon-only"]
+
+
+def test_corrupt_parquet_is_a_clear_error(inputs, capsys):
+    (inputs / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    rc = main(["diff", "--engine", str(inputs / "engine.jsonl"), "--reconstructed", str(inputs / "bad.parquet"),
+               "-o", str(inputs / "d")])
+    assert rc == 2
+    assert "bad.parquet: not a readable parquet file" in capsys.readouterr().err
+    assert not (inputs / "d" / "records.parquet").exists()
+
+
+def test_parquet_without_the_contract_columns_is_refused(inputs, capsys):
+    pq.write_table(pa.Table.from_pylist([{"id": "x", "text": "hi"}]), inputs / "other.parquet")
+    rc = main(["diff", "--engine", str(inputs / "engine.jsonl"), "--reconstructed", str(inputs / "other.parquet"),
+               "-o", str(inputs / "d")])
+    assert rc == 2 and "missing columns" in capsys.readouterr().err
+
+
+def test_labels_are_joined_as_expected(diffed):
+    recs = read_diff(diffed).records.set_index("id")
+    assert recs.loc["split", "expected"] == "bpe_split" and recs["expected"].isna().sum() == len(recs) - 1
