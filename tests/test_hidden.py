@@ -1,0 +1,118 @@
+"""Hidden-state extraction on the real stories260K target: layer ids, contents, storage, resume."""
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from kimi_eagle.assets import stories_dir
+from kimi_eagle.hidden import (
+    HiddenStates, Row, bytes_per_token, default_layer_ids, engine_layer_ids, extract, load_rows, load_target,
+)
+from kimi_eagle.speculative import generate
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(stories_dir())
+
+
+@pytest.fixture(scope="module")
+def rows(target, stories):
+    """Real sampled completions of the target, prompt masked out."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i, text in enumerate(["Once upon a time", "The dog", "Tom had a red ball", "One day"]):
+        prompt = [1] + stories.encode(text)
+        completion = generate(target, prompt, 12 + 5 * i, 1.0, 2, g)
+        out.append(Row(f"r{i}", prompt + completion, [0] * len(prompt) + [1] * len(completion)))
+    return out
+
+
+def test_default_layer_ids_follow_eagle3_and_stay_distinct_for_small_models():
+    assert default_layer_ids(61) == (1, 29, 57)  # Kimi-K2.5
+    assert default_layer_ids(32) == (1, 15, 28)  # Llama-3-8B: vLLM's (2, 16, 29) minus one
+    assert default_layer_ids(5) == (1, 2, 3)  # stories260K: (1, 1, 1) would collapse
+    for n in range(3, 80):
+        a, b, c = default_layer_ids(n)
+        assert 0 <= a < b < c < n
+
+
+def test_engine_layer_id_conventions():
+    assert engine_layer_ids([1, 29, 57], "vllm") == [2, 30, 58]  # capture before block j = output of j-1
+    assert engine_layer_ids([1, 29, 57], "sglang") == [1, 29, 57]  # first id 1: SGLang adds 1 itself
+    assert engine_layer_ids([2, 4, 6], "sglang") == [3, 5, 7]  # otherwise SGLang uses ids as "before block j"
+    with pytest.raises(ValueError, match="block output 0"):
+        engine_layer_ids([0, 2, 3], "sglang")
+
+
+def test_extracted_states_are_the_target_block_outputs(target, rows, tmp_path):
+    manifest = extract(stories_dir(), rows, tmp_path / "hs", dtype="bf16", shard_rows=3, model=target)
+    assert manifest["layer_ids"] == [1, 2, 3] and manifest["complete"] and manifest["dtype"] == "bf16"
+    assert manifest["n_tokens"] == sum(len(r.input_ids) for r in rows)
+    hs = HiddenStates(tmp_path / "hs")
+    assert len(hs) == len(rows) and hs.row_ids == [r.id for r in rows] and hs.verify() == []
+    for row, got in zip(rows, hs):
+        with torch.no_grad():
+            o = target(torch.tensor([row.input_ids]), output_hidden_states=True)
+        want_aux = torch.cat([o.hidden_states[i + 1][0] for i in (1, 2, 3)], dim=-1)
+        assert got["aux"].dtype == torch.bfloat16 and got["aux"].shape == (len(row.input_ids), 3 * 64)
+        assert torch.equal(got["aux"], want_aux.to(torch.bfloat16))
+        assert torch.equal(got["final"], o.hidden_states[-1][0].to(torch.bfloat16))
+        assert got["input_ids"].tolist() == row.input_ids and got["loss_mask"].tolist() == row.loss_mask
+    # final is post-norm: the target's lm_head over it gives the target's logits
+    ref = rows[0]
+    with torch.no_grad():
+        logits = target(torch.tensor([ref.input_ids])).logits[0]
+    fp32 = extract(stories_dir(), rows[:1], tmp_path / "fp32", dtype="fp32", model=target)
+    final = HiddenStates(tmp_path / "fp32")[0]["final"]
+    assert torch.allclose(target.lm_head(final), logits, atol=1e-5)
+    assert fp32["bytes_per_token"] > bytes_per_token(64, 4)  # payload plus the shard's header and offsets
+
+
+def test_manifest_describes_shards(target, rows, tmp_path):
+    m = extract(stories_dir(), rows, tmp_path, dtype="fp16", shard_rows=3, model=target)
+    on_disk = json.loads((tmp_path / "manifest.json").read_text())
+    assert on_disk == m
+    assert m["layer_id_convention"].startswith("0-based block-output")
+    assert len(m["target_sha256"]) == 64 and [s["rows"] for s in m["shards"]] == [[0, 3], [3, 4]]
+    with safe_open(str(tmp_path / m["shards"][0]["file"]), framework="pt") as f:
+        assert set(f.keys()) == {"input_ids", "loss_mask", "aux", "final", "offsets", "row_index"}
+        assert f.get_slice("aux").get_dtype() == "F16"
+
+
+def test_extraction_resumes_without_redoing_finished_shards(target, rows, tmp_path):
+    full = extract(stories_dir(), rows, tmp_path / "a", shard_rows=2, model=target)
+    # an interrupted run: only the first shard and its manifest entry were written
+    part = tmp_path / "b"
+    first = extract(stories_dir(), rows, part, shard_rows=2, model=target)
+    (part / first["shards"][1]["file"]).unlink()
+    first_mtime = (part / first["shards"][0]["file"]).stat().st_mtime_ns
+    resumed = extract(stories_dir(), rows, part, shard_rows=2, model=target)
+    assert (part / first["shards"][0]["file"]).stat().st_mtime_ns == first_mtime
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in full["shards"]]
+    with pytest.raises(ValueError, match="different"):
+        extract(stories_dir(), rows, part, shard_rows=2, model=target, layer_ids=[0, 2, 4])
+
+
+def test_bad_rows_are_reported_not_dropped(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join([
+        json.dumps({"id": "ok", "prompt_ids": [1, 5], "completion_ids": [6, 2]}),
+        json.dumps({"id": "engine", "prompt_ids": [1], "output_ids": [7, 8]}),
+        json.dumps({"id": "failed", "status": "error", "error": "no content"}),
+        json.dumps({"id": "short", "input_ids": [1], "loss_mask": [1]}),
+        "not json",
+    ]) + "\n")
+    rows, skipped = load_rows(data)
+    assert [(r.id, r.input_ids, r.loss_mask) for r in rows] == [
+        ("ok", [1, 5, 6, 2], [0, 0, 1, 1]), ("engine", [1, 7, 8], [0, 1, 1])]
+    assert [s["id"] for s in skipped] == ["failed", "short", None]
+    assert all(s["reason"] for s in skipped)
+
+
+def test_kimi_bytes_per_token_arithmetic():
+    # aux 3H + final H at 2 bytes, plus an int64 id and a mask byte
+    assert bytes_per_token(7168) == 4 * 7168 * 2 + 9 == 57_353
