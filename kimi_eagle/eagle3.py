@@ -1,0 +1,342 @@
+"""The Llama-style EAGLE-3 drafter (one decoder layer over the target's fused hidden states).
+
+Shapes: target hidden ``Ht``, drafter hidden ``H`` (= Ht for Llama-style drafters), target vocab ``V``,
+draft vocab ``Vd``.
+
+* ``fc``: Linear(3·Ht → H, no bias) fuses the three auxiliary target layers;
+* ``midlayer``: attention over ``cat(input_layernorm(embed(x)), hidden_norm(h))`` (2H wide) with ``h``
+  as the residual, then ``post_attention_layernorm`` and a SwiGLU MLP;
+* ``norm`` then ``lm_head`` (H → Vd); ``d2t`` maps draft ids to target ids;
+* ``embed_tokens`` is the target's embedding, copied in and frozen.
+
+Alignment (the one convention everything else follows): at unroll step ``k`` position ``t`` takes
+the token ``x[t+1+k]`` and predicts ``x[t+2+k]``; step 0's hidden input is ``fc(aux[t])``, step
+``k > 0`` takes the drafter's own output hidden from step ``k-1`` at the same position, with rope
+position ``t + k``. A step-``k`` query attends to step-0 keys at positions ``<= t`` and to the keys
+of steps ``1..k`` at its own position — exactly what chain drafting sees at inference.
+
+Parameter names match the SGLang/vLLM EAGLE-3 checkpoints (``midlayer.self_attn.q_proj.weight`` …).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .draft_vocab import DraftVocab
+
+NATIVE_FORMAT = "kimi-eagle-drafter/1"
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    max_position_embeddings: int
+    aux_layer_ids: list[int]  # 0-based block-output indices of the target
+    target_num_layers: int
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: Sequence[int]) -> "Eagle3Config":
+        c = target_config
+        rope = getattr(c, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+        heads = c.num_attention_heads
+        return cls(
+            hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", heads) or heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, rms_norm_eps=float(c.rms_norm_eps),
+            rope_theta=float(theta), vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size,
+            target_hidden_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
+            aux_layer_ids=[int(i) for i in aux_layer_ids], target_num_layers=c.num_hidden_layers,
+            bos_token_id=getattr(c, "bos_token_id", None), eos_token_id=_first(getattr(c, "eos_token_id", None)),
+        )
+
+
+def _first(x):
+    return x[0] if isinstance(x, (list, tuple)) else x
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, d, cfg.rope_theta
+        self.q_proj = nn.Linear(2 * h, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]],
+                q_cols: torch.Tensor | None):
+        """``x`` [B,S,2H]; ``past[0]`` (if any) holds step-0 keys/values over N columns, masked causally by
+        ``q_cols`` (the column of each query); ``past[1:]`` are aligned with the queries (one key each)."""
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta)
+        if cos.dim() == 2:
+            cos, sin = cos[None, None], sin[None, None]
+        else:
+            cos, sin = cos[:, None], sin[:, None]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.n_heads // self.n_kv
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if past:
+            k0, v0 = past[0]
+            cols = torch.arange(k0.shape[2])
+            diag_k = [pk for pk, _ in past[1:]] + [k]
+            diag_v = [pv for _, pv in past[1:]] + [v]
+        else:
+            k0, v0, cols, diag_k, diag_v = k, v, torch.arange(s), [], []
+            q_cols = torch.arange(s)
+        k0r, v0r = k0.repeat_interleave(rep, 1), v0.repeat_interleave(rep, 1)
+        scores = [(q @ k0r.transpose(-1, -2)).float() * scale]  # [B,h,S,N]
+        scores[0] = scores[0].masked_fill(cols[None, :] > q_cols[:, None], float("-inf"))
+        for dk in diag_k:
+            scores.append(((q * dk.repeat_interleave(rep, 1)).sum(-1, keepdim=True)).float() * scale)  # [B,h,S,1]
+        probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(q.dtype)
+        n = k0.shape[2]
+        out = probs[..., :n] @ v0r
+        for j, dv in enumerate(diag_v):
+            out = out + probs[..., n + j : n + j + 1] * dv.repeat_interleave(rep, 1)
+        out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
+        return self.o_proj(out), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, embeds, hidden, positions, past, q_cols):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        attn, kv = self.self_attn(x, positions, past, q_cols)
+        h = hidden + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, kv
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_target(cls, target, vocab: DraftVocab, aux_layer_ids: Sequence[int], seed: int = 0) -> "Eagle3Drafter":
+        """A fresh drafter for ``target`` (an HF causal LM); see :meth:`from_target_weights`."""
+        return cls.from_target_weights(target.config, target.get_input_embeddings().weight,
+                                       target.get_output_embeddings().weight, vocab, aux_layer_ids, seed)
+
+    @classmethod
+    def from_target_weights(cls, target_config, embed: torch.Tensor, lm_head: torch.Tensor, vocab: DraftVocab,
+                            aux_layer_ids: Sequence[int], seed: int = 0) -> "Eagle3Drafter":
+        """Embeddings copied and frozen, ``lm_head`` initialised from the target's rows of the draft
+        vocabulary, every other weight drawn from a generator seeded with ``seed``."""
+        cfg = Eagle3Config.from_target(target_config, vocab.size, aux_layer_ids)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = cls(cfg)
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(embed)
+            model.lm_head.weight.copy_(lm_head[vocab.draft_to_target])
+            model.d2t.copy_(vocab.d2t)
+            model.t2d.copy_(vocab.t2d)
+        return model
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size) + self.d2t
+
+    # -- forward ---------------------------------------------------------------------------
+    def step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+             past: list[tuple[torch.Tensor, torch.Tensor]] = (), q_cols: torch.Tensor | None = None):
+        """One unroll step: ``hidden`` [B,S,H] (``fc(aux)`` at step 0), ``tokens`` [B,S] target ids.
+        Returns ``(out_hidden [B,S,H], logits [B,S,Vd], (k, v))``."""
+        h, kv = self.midlayer(self.embed_tokens(tokens), hidden, positions, list(past), q_cols)
+        return h, self.lm_head(self.norm(h)), kv
+
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test: logits of every step, each [B,T,Vd]; ``logits[k][:, t]`` predicts
+        ``input_ids[:, t + 2 + k]`` (positions past the end see token 0 and must be masked)."""
+        _, t = input_ids.shape
+        positions = torch.arange(t)
+        hidden = self.fc(aux)
+        past: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out = []
+        for k in range(steps):
+            tokens = shift_left(input_ids, 1 + k)
+            hidden, logits, kv = self.step(hidden, tokens, positions + k, past, positions if past else None)
+            past.append(kv)
+            out.append(logits)
+        return out
+
+    @torch.no_grad()
+    def propose(self, aux: torch.Tensor, next_tokens: torch.Tensor, k: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft a chain of ``k`` target token ids after a committed sequence ``x[0..n]``.
+
+        ``aux`` [n, 3Ht] are the target's features at positions ``0..n-1`` and ``next_tokens`` [n] are
+        ``x[1..n]``. Returns the draft ids and, per draft, the proposal distribution over the target
+        vocabulary (one-hot at temperature 0).
+        """
+        n = next_tokens.shape[0]
+        positions = torch.arange(n)
+        hidden, logits, kv0 = self.step(self.fc(aux[None]), next_tokens[None], positions)
+        hidden, logits = hidden[:, -1:], logits[:, -1]
+        past = [kv0]
+        k0, v0 = kv0
+        drafts, dists = [], []
+        last_col = torch.tensor([n - 1])
+        for j in range(k):
+            q = self._proposal(logits[0], temperature)
+            tok = int(torch.argmax(q)) if temperature <= 0 else int(torch.multinomial(q, 1, generator=generator))
+            drafts.append(tok)
+            dists.append(q)
+            if j == k - 1:
+                break
+            hidden, logits, kv = self.step(hidden, torch.tensor([[tok]]), torch.tensor([n - 1 + j + 1]), past, last_col)
+            logits = logits[:, -1]
+            past.append(kv)
+        return drafts, dists
+
+    def _proposal(self, draft_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        q = torch.zeros(self.config.vocab_size)
+        if temperature <= 0:
+            q[self.draft_to_target[int(torch.argmax(draft_logits))]] = 1.0
+        else:
+            q[self.draft_to_target] = torch.softmax(draft_logits.float() / temperature, dim=-1)
+        return q
+
+    # -- persistence -----------------------------------------------------------------------
+    def save(self, out: str | Path, extra: dict | None = None) -> Path:
+        """The native format: ``config.json`` + ``model.safetensors`` (all weights, embeddings included)."""
+        from safetensors.torch import save_file
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        tmp = out / "model.safetensors.tmp"
+        save_file(state, str(tmp), metadata={"format": NATIVE_FORMAT})
+        tmp.replace(out / "model.safetensors")
+        cfg = {"format": NATIVE_FORMAT, "config": asdict(self.config), **(extra or {})}
+        (out / "config.json.tmp").write_text(json.dumps(cfg, indent=1))
+        (out / "config.json.tmp").replace(out / "config.json")
+        return out
+
+
+def shift_left(x: torch.Tensor, n: int, fill: float | int = 0) -> torch.Tensor:
+    """``y[:, t] = x[:, t + n]`` with ``fill`` past the end (dim 1)."""
+    if n == 0:
+        return x
+    pad_shape = list(x.shape)
+    pad_shape[1] = min(n, x.shape[1])
+    return torch.cat([x[:, n:], torch.full(pad_shape, fill, dtype=x.dtype)], dim=1)
+
+
+def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagle3Drafter:
+    """Load a native drafter, or an exported SGLang/vLLM one (embeddings then come from ``target_dir``)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    state = load_file(str(path / "model.safetensors"))
+    if raw.get("format") == NATIVE_FORMAT:
+        model = Eagle3Drafter(Eagle3Config(**raw["config"]))
+        model.load_state_dict(state)
+        return model
+    if "LlamaForCausalLMEagle3" not in (raw.get("architectures") or []):
+        raise ValueError(f"{path}: neither a kimi-eagle drafter nor an exported LlamaForCausalLMEagle3")
+    from .export import config_from_engine
+
+    cfg = config_from_engine(raw)
+    model = Eagle3Drafter(cfg)
+    if "embed_tokens.weight" not in state:
+        if target_dir is None:
+            raise ValueError(f"{path}: exported drafters carry no embeddings; pass the target directory")
+        state["embed_tokens.weight"] = target_tensor(target_dir, "embed_tokens.weight")
+    model.load_state_dict(state)
+    return model
+
+
+def target_tensor(target_dir: str | Path, suffix: str) -> torch.Tensor:
+    """A weight of the target read straight from its safetensors (e.g. ``lm_head.weight``), without
+    loading the model; ``lm_head.weight`` falls back to the embeddings for tied models."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(target_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                if name == suffix or name.endswith("." + suffix):
+                    return st.get_tensor(name)
+    if suffix == "lm_head.weight":
+        return target_tensor(target_dir, "embed_tokens.weight")
+    raise ValueError(f"{target_dir}: no {suffix} in the target's safetensors")

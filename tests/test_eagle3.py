@@ -1,0 +1,109 @@
+"""The EAGLE-3 drafter: architecture, the fused attention input, and train/inference consistency."""
+import pytest
+import torch
+
+from kimi_eagle import draft_vocab
+from kimi_eagle.assets import stories_dir
+from kimi_eagle.eagle3 import Eagle3Drafter
+from kimi_eagle.hidden import Extractor, load_target
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(stories_dir())
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    counts = torch.arange(512).flip(0)  # any frequencies: keeps the 100 lowest ids
+    return Eagle3Drafter.from_target(target, draft_vocab.build(counts, 100), [1, 2, 3], seed=3)
+
+
+@pytest.fixture(scope="module")
+def features(target):
+    """The real target's aux states over a real sentence."""
+    ids = [1, 403, 407, 261, 378, 275, 263, 380, 31, 315, 386, 338, 290, 429, 270, 263]
+    ex = Extractor(target, [1, 2, 3])
+    aux, _ = ex(torch.tensor([ids]))
+    ex.close()
+    return torch.tensor(ids), aux[0].clone()
+
+
+def test_architecture_matches_the_eagle3_checkpoint_layout(drafter, target):
+    shapes = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    assert shapes == {
+        "embed_tokens.weight": (512, 64),
+        "fc.weight": (64, 192),  # 3H -> H, no bias
+        "midlayer.input_layernorm.weight": (64,), "midlayer.hidden_norm.weight": (64,),
+        "midlayer.self_attn.q_proj.weight": (64, 128), "midlayer.self_attn.k_proj.weight": (32, 128),
+        "midlayer.self_attn.v_proj.weight": (32, 128), "midlayer.self_attn.o_proj.weight": (64, 64),
+        "midlayer.post_attention_layernorm.weight": (64,),
+        "midlayer.mlp.gate_proj.weight": (172, 64), "midlayer.mlp.up_proj.weight": (172, 64),
+        "midlayer.mlp.down_proj.weight": (64, 172),
+        "norm.weight": (64,), "lm_head.weight": (100, 64), "d2t": (100,), "t2d": (512,),
+    }
+    assert torch.equal(drafter.embed_tokens.weight, target.model.embed_tokens.weight)
+    assert not drafter.embed_tokens.weight.requires_grad
+    assert torch.equal(drafter.lm_head.weight, target.lm_head.weight[:100])  # the draft vocab's target rows
+    assert drafter.fc.bias is None
+
+
+def test_attention_reads_normed_embedding_and_normed_hidden_with_hidden_as_residual(drafter, features):
+    ids, aux = features
+    seen = {}
+    hook = drafter.midlayer.self_attn.q_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0]))
+    hidden = drafter.fc(aux[None])
+    tokens = ids[1:][None]
+    out, _, _ = drafter.step(hidden[:, :-1], tokens, torch.arange(len(ids) - 1))
+    hook.remove()
+    m = drafter.midlayer
+    expected = torch.cat([m.input_layernorm(drafter.embed_tokens(tokens)), m.hidden_norm(hidden[:, :-1])], -1)
+    assert torch.equal(seen["x"], expected)
+    # the residual stream is the (un-normed) hidden input
+    with torch.no_grad():
+        attn, _ = m.self_attn(expected, torch.arange(len(ids) - 1), [], None)
+        h = hidden[:, :-1] + attn
+        want = h + m.mlp(m.post_attention_layernorm(h))
+    assert torch.allclose(out, want, atol=1e-6)
+
+
+def test_unroll_step_k_at_t_sees_nothing_after_its_inputs(drafter, features):
+    """Step k at position t consumes aux[<=t] and tokens x[<=t+1+k] only (it predicts x[t+2+k])."""
+    ids, aux = features
+    base = drafter.unroll(aux[None], ids[None], 3)
+    t = 6
+    for k in range(3):
+        ids2, aux2 = ids.clone(), aux.clone()
+        ids2[t + 2 + k:] = 5
+        aux2[t + 1:] = 0.0
+        other = drafter.unroll(aux2[None], ids2[None], 3)
+        assert torch.allclose(other[k][0, : t + 1], base[k][0, : t + 1], atol=1e-6)
+        assert not torch.allclose(other[k][0, t + 1 :], base[k][0, t + 1 :])
+
+
+def test_chain_drafting_computes_what_training_unrolls(drafter, features):
+    """Inference (step 0 over the prefix, then a chain on its own drafts) equals the TTT unroll at the
+    last position when the unroll is fed the drafts as tokens."""
+    ids, aux = features
+    n = 9  # committed x[0..n]; features at 0..n-1
+    drafts, dists = drafter.propose(aux[:n], ids[1 : n + 1], 4)
+    assert len(drafts) == 4 and all(float(q[d]) == 1.0 for d, q in zip(drafts, dists))
+    seq = torch.cat([ids[: n + 1], torch.tensor(drafts[:3])])
+    aux_padded = torch.cat([aux[:n], torch.randn(4, aux.shape[1])])
+    logits = drafter.unroll(aux_padded[None], seq[None], 4)
+    assert [int(drafter.draft_to_target[int(lg[0, n - 1].argmax())]) for lg in logits] == drafts
+    # the training-time test in the same setting gives the same numbers
+    hidden, lg0, kv0 = drafter.step(drafter.fc(aux[:n][None]), ids[1 : n + 1][None], torch.arange(n))
+    assert torch.allclose(lg0[0, -1], logits[0][0, n - 1], atol=1e-5)
+    _, lg1, _ = drafter.step(hidden[:, -1:], torch.tensor([[drafts[0]]]), torch.tensor([n]), [kv0], torch.tensor([n - 1]))
+    assert torch.allclose(lg1[0, -1], logits[1][0, n - 1], atol=1e-5)
+
+
+def test_sampled_proposals_live_in_the_draft_vocab(drafter, features):
+    ids, aux = features
+    g = torch.Generator().manual_seed(0)
+    drafts, dists = drafter.propose(aux[:9], ids[1:10], 3, temperature=1.0, generator=g)
+    for d, q in zip(drafts, dists):
+        assert d < 100 and float(q.sum()) == pytest.approx(1.0) and float(q[100:].sum()) == 0.0
