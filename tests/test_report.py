@@ -1,0 +1,85 @@
+"""`kimi-eagle report`: summary numbers, Wilson intervals, charts and the HTML report."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from kimi_eagle.cli import main
+from kimi_eagle.report import CHARTS, wilson
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.parametrize("k,n,lo,hi", [(0, 10, 0.0, 0.2775), (5, 10, 0.2366, 0.7634), (10, 10, 0.7225, 1.0),
+                                       (81, 263, 0.2553, 0.3662)])
+def test_wilson_interval_matches_published_values(k, n, lo, hi):
+    got = wilson(k, n)
+    assert got == pytest.approx((lo, hi), abs=1e-4)
+
+
+def test_wilson_without_trials_is_uninformative():
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    assert main(["simulate", "-o", str(out / "sim"), "--per-effect", "2", "--seed", "5", "--run"]) == 0
+    assert main(["report", str(out / "sim" / "diff"), "-o", str(out / "report")]) == 0
+    return out / "report"
+
+
+def test_summary_has_counts_rates_billing_and_confusion(report):
+    s = json.loads((report / "summary.json").read_text())
+    assert s["n_records"] == 20 and s["status"]["ok"] == 20
+    assert sum(s["verdict"].values()) == 20 and s["verdict"]["exact"] == 4
+    assert sum(s["label"].values()) == 20
+    all_rate = next(r for r in s["rates"] if r["dataset"] == "all")
+    assert all_rate["n"] == 20 and all_rate["mismatch"] == 16
+    assert (all_rate["mismatch_lo"], all_rate["mismatch_hi"]) == pytest.approx(wilson(16, 20))
+    assert s["billing"]["unexplained"] == 0 and s["billing"]["delta"] == s["billing"]["explained_by_hunks"]
+    assert len(s["confusion"]["classes"]) == 9
+    assert all(r["precision"] == 1.0 and r["recall"] == 1.0 for r in s["precision_recall"])
+
+
+def test_every_chart_is_a_real_png_and_embedded_in_the_html(report):
+    s = json.loads((report / "summary.json").read_text())
+    assert set(s["charts"]) == set(CHARTS)
+    for name in s["charts"].values():
+        w, h = png_size(report / name)
+        assert w >= 500 and h >= 350
+    page = (report / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(CHARTS)
+    assert "confusion table" in page and "Wilson 95% CI" in page and "Billing reconciliation" in page
+
+
+def test_a_diff_with_errors_and_no_labels_reports_without_confusion(tmp_path, kimi):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from test_diff import recon_row, write_engine
+
+    from test_classify import build, turn
+
+    ids, segs = build(kimi, turn())
+    pq.write_table(pa.Table.from_pylist([recon_row("a", ids, segs, billed=len(ids)), recon_row("b", ids, segs)]),
+                   tmp_path / "recon.parquet")
+    write_engine(tmp_path / "engine.jsonl", [{"id": "a", "output_ids": ids[:-1]}, "{broken"])
+    assert main(["diff", "--engine", str(tmp_path / "engine.jsonl"), "--reconstructed", str(tmp_path / "recon.parquet"),
+                 "-o", str(tmp_path / "diff")]) == 0
+    assert main(["report", str(tmp_path / "diff"), "-o", str(tmp_path / "rep")]) == 0
+    s = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert s["status"] == {"ok": 1, "missing_engine": 1, "missing_api": 0, "error": 1}
+    assert "confusion" not in s and "confusion" not in s["charts"]
+    assert "Errors" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_report_on_a_directory_without_a_diff_is_a_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "rep")]) == 2
+    assert "no records.parquet here" in capsys.readouterr().err
