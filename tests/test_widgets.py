@@ -1,0 +1,112 @@
+"""Widget logic, headless: set widget values, assert the state and the rendered HTML."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kimi_eagle.assets import kimi_dir
+from kimi_eagle.classify import classify
+from kimi_eagle.simulate import load_source_records, run_benchmark, simulate, write_samples
+from kimi_eagle.widgets import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
+
+from test_align import split_token
+
+
+@pytest.fixture(scope="module")
+def inspector(kimi, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim")
+    write_samples(simulate(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=2, seed=11), out)
+    run_benchmark(out, kimi_dir())
+    return DiffInspector.from_files(kimi, out / "diff", out / "engine.jsonl", out / "reconstructed.parquet")
+
+
+def current_hunk(page):
+    marks = re.findall(r'class="ke-col ke-h[^"]*ke-cur"[^>]*data-hunk="(\d+)"', page)
+    assert len(marks) == 1, "exactly one hunk is marked current"
+    return int(marks[0])
+
+
+def test_starts_on_the_first_record_unfiltered(inspector):
+    assert len(inspector.filtered_ids) == 20
+    assert inspector.current_id == inspector.filtered_ids[0]
+    assert "ke-aligned" in inspector.html.value
+
+
+def test_filters_narrow_the_record_list(inspector):
+    inspector.verdict_filter.value = "semantic"
+    assert set(inspector.records.set_index("id").loc[inspector.filtered_ids, "verdict"]) == {"semantic"}
+    inspector.subclass_filter.value = "special_token"
+    ids = inspector.filtered_ids
+    assert len(ids) == 2 and all(i.endswith("#think_end_missing") for i in ids)
+    assert inspector.current_id == ids[0]
+    assert inspector.verdict.label == "special_token"
+    page = inspector.html.value
+    assert "label <b>special_token</b>" in page and "&lt;/think&gt;" in page
+    inspector.dataset.value = "reason-tool-use"
+    assert all(i.startswith("reason-tool-use:") for i in inspector.filtered_ids)
+    inspector.verdict_filter.value = "exact"  # exact records have no special_token subclass
+    assert inspector.filtered_ids == [] and inspector.current_id is None
+    assert "no record matches" in inspector.html.value
+    inspector.dataset.value = inspector.verdict_filter.value = inspector.subclass_filter.value = "(all)"
+    assert len(inspector.filtered_ids) == 20
+
+
+def test_hunk_navigation_moves_and_wraps(inspector):
+    inspector.subclass_filter.value = "tool_args_json_equal"
+    rid = next(i for i in inspector.filtered_ids if inspector.record.value and
+               (setattr(inspector.record, "value", i) or len(inspector.verdict.hunks) > 1))
+    n = len(inspector.verdict.hunks)
+    assert inspector.current_id == rid and inspector.hunk_index == 0
+    assert current_hunk(inspector.html.value) == 0
+    inspector.next_button.click()
+    assert inspector.hunk_index == 1 and current_hunk(inspector.html.value) == 1
+    assert f"hunk 2/{n}" in inspector.position.value
+    inspector.prev_button.click()
+    inspector.prev_button.click()
+    assert inspector.hunk_index == n - 1 and current_hunk(inspector.html.value) == n - 1
+    inspector.subclass_filter.value = "(all)"
+
+
+def test_exact_records_show_no_hunks(inspector):
+    inspector.verdict_filter.value = "exact"
+    assert inspector.verdict.hunks == [] and inspector.position.value == "no hunks"
+    assert inspector.next_button.disabled
+    inspector.next_button.click()
+    assert inspector.hunk_index is None
+    inspector.verdict_filter.value = "(all)"
+
+
+def test_long_equal_runs_are_elided_around_hunks(kimi):
+    ids = kimi.encode("word " * 300)
+    k = 150
+    v = classify(kimi, split_token(kimi, ids, k) or ids, ids)
+    assert len(v.hunks) == 1
+    page = aligned_html(kimi, v, 0, context=10)
+    assert page.count('class="ke-col"') == 20 + 2  # 10 equal tokens each side of the hunk, plus two elisions
+    assert f"…{k - 10} equal…" in page and f"…{len(ids) - k - 1 - 10} equal…" in page
+    assert aligned_html(kimi, v, 0, context=-1).count('class="ke-col"') == len(ids) - 1
+
+
+def test_playground_encodes_and_compares_pasted_ids(kimi):
+    pg = TokenizerPlayground(kimi, text="Hello weather <|im_end|>")
+    assert pg.encoded[-1] == 163586 and "ke-special" in pg.html.value
+    pg.allow_special.value = False
+    assert 163586 not in pg.encoded
+    pg.allow_special.value = True
+    k = next(i for i, t in enumerate(pg.encoded) if kimi.token_bytes(t) == b" weather")
+    pg.ids.value = ", ".join(map(str, split_token(kimi, pg.encoded, k)))
+    assert pg.verdict.verdict == "bpe_split" and "<b>bpe_split</b>" in pg.html.value
+    pg.ids.value = str(pg.encoded)
+    assert pg.verdict.verdict == "exact"
+    pg.ids.value = "1, two, 3"
+    assert pg.verdict is None and "IDs must be integers" in pg.html.value
+    pg.ids.value = "[5, 999999]"
+    assert pg.verdict is None and "999999 is outside the vocabulary" in pg.html.value
+
+
+def test_parse_ids_accepts_lists_and_separators():
+    assert parse_ids("[1, 2, 3]") == parse_ids("1,2 3") == parse_ids(" 1\n2,\t3 ") == [1, 2, 3]
+    assert parse_ids("") == []
+    with pytest.raises(ValueError):
+        parse_ids("[1, 2")
