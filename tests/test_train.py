@@ -1,0 +1,133 @@
+"""Drafter training: which positions are supervised, the soft targets, resume, and DDP on 2 CPU processes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kimi_eagle import draft_vocab
+from kimi_eagle.assets import REPO_ROOT, stories_dir
+from kimi_eagle.eagle3 import Eagle3Drafter
+from kimi_eagle.hidden import HiddenStates, Row, extract, load_target
+from kimi_eagle.speculative import generate
+from kimi_eagle.train import TTTLoss, TrainConfig, expected_tau, soft_targets, supervised_mask, train
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(stories_dir())
+
+
+@pytest.fixture(scope="module")
+def hidden_dir(target, stories, tmp_path_factory):
+    """Six real sampled rows of the target, extracted."""
+    g = torch.Generator().manual_seed(7)
+    rows = []
+    for i, text in enumerate(["Once upon a time", "The cat sat", "Lily saw a bird", "One day", "Tim was sad", "A big tree"]):
+        prompt = [1] + stories.encode(text)
+        completion = generate(target, prompt, 20, 1.0, 2, g)
+        rows.append(Row(f"r{i}", prompt + completion, [0] * len(prompt) + [1] * len(completion)))
+    out = tmp_path_factory.mktemp("hs")
+    extract(stories_dir(), rows, out, dtype="bf16", shard_rows=4, model=target)
+    return out
+
+
+def test_supervised_positions_are_indexed_by_the_predicted_token():
+    # 3 prompt tokens x0..x2, 4 completion tokens x3..x6; step k at t predicts x[t+2+k]
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1]])
+    assert supervised_mask(loss_mask, 0).tolist() == [[0, 1, 1, 1, 1, 0, 0]]  # t=1 predicts x3, the first completion token
+    assert supervised_mask(loss_mask, 1).tolist() == [[1, 1, 1, 1, 0, 0, 0]]  # t=0 predicts x3
+    assert supervised_mask(loss_mask, 2).tolist() == [[1, 1, 1, 0, 0, 0, 0]]  # x4..x6 only
+    assert supervised_mask(loss_mask, 4).tolist() == [[1, 0, 0, 0, 0, 0, 0]]  # x6
+    assert supervised_mask(loss_mask, 5).tolist() == [[0] * 7]
+
+
+def _loss_module(target, steps=3):
+    vocab = draft_vocab.build(torch.arange(512).flip(0), 128)
+    drafter = Eagle3Drafter.from_target(target, vocab, [1, 2, 3], seed=0)
+    head = target.lm_head.weight[vocab.draft_to_target].detach()
+    return TTTLoss(drafter, head, steps, 0.8)
+
+
+def test_the_loss_reads_the_target_distribution_exactly_where_the_mask_says(target, hidden_dir):
+    row = HiddenStates(hidden_dir)[0]
+    aux, ids, final = row["aux"].float()[None], row["input_ids"][None], row["final"].float()[None]
+    mask = row["loss_mask"][None]
+    n_prompt = int((mask[0] == 0).sum())
+    module = _loss_module(target)
+    with torch.no_grad():
+        base, stats = module(aux, ids, mask, final)
+        # final[j] is the target's distribution for x[j+1]: it matters iff x[j+1] is a completion token
+        for j, matters in [(n_prompt - 2, False), (n_prompt - 1, True), (ids.shape[1] - 1, False)]:
+            f2 = final.clone()
+            f2[0, j] += 3.0 * torch.randn(64)
+            changed = module(aux, ids, mask, f2)[0]
+            assert (not torch.equal(changed, base)) == matters, j
+        n_completion = int(mask.sum())
+        assert stats[0, 2] == n_completion  # step 0 supervises every completion token, the first included
+        assert stats[1, 2] == n_completion  # so does step 1 (from position t = n_prompt - 3)
+        # normalised by the number of supervised positions: a batch of the row twice has the same loss
+        twice = module(aux.repeat(2, 1, 1), ids.repeat(2, 1), mask.repeat(2, 1), final.repeat(2, 1, 1))[0]
+    assert torch.allclose(twice, base, atol=1e-5)
+
+
+def test_soft_targets_are_the_target_softmax_restricted_and_renormalised(target):
+    final = torch.randn(2, 5, 64)
+    keep = torch.tensor([3, 17, 40, 200, 511])
+    full = torch.softmax(target.lm_head(final), -1)[..., keep]
+    with torch.no_grad():
+        got = soft_targets(final, target.lm_head.weight[keep])
+    assert torch.allclose(got, full / full.sum(-1, keepdim=True), atol=1e-6)
+
+
+def test_expected_tau():
+    assert expected_tau([1.0, 1.0, 1.0]) == 4.0
+    assert expected_tau([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tau([0.0, 1.0]) == 1.0
+
+
+def _cfg(hidden_dir, out, **kw):
+    base = dict(data=str(hidden_dir), target=str(stories_dir()), out=str(out), steps=8, ttt_steps=3, batch_size=2,
+                draft_vocab_size=128, save_every=100, log_every=2, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_training_learns_and_a_resumed_run_equals_an_uninterrupted_one(hidden_dir, tmp_path):
+    straight = train(_cfg(hidden_dir, tmp_path / "a"))
+    log = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in log] == [2, 4, 6, 8] and log[-1]["loss"] < log[0]["loss"]
+    assert straight["finished"] and (tmp_path / "a" / "train_curves.png").stat().st_size > 0
+
+    first = train(_cfg(hidden_dir, tmp_path / "b", stop_after=3))
+    assert first["step"] == 3 and not first["finished"] and not (tmp_path / "b" / "drafter").exists()
+    second = train(_cfg(hidden_dir, tmp_path / "b", resume=True))
+    assert second["step"] == 8 and second["finished"]
+    a = torch.load(tmp_path / "a" / "checkpoint" / "last.pt", weights_only=False)
+    b = torch.load(tmp_path / "b" / "checkpoint" / "last.pt", weights_only=False)
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert a["scheduler"] == b["scheduler"]
+
+
+def test_torchrun_ddp_with_two_gloo_processes(hidden_dir, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "kimi_eagle", "train", "--data", str(hidden_dir), "--target", str(stories_dir()), "-o", str(out),
+           "--steps", "3", "--ttt-steps", "2", "--batch-size", "1", "--draft-vocab-size", "64", "--log-every", "1",
+           "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"ddp_rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # gradients were all-reduced
+    assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"])  # each rank trained on its own rows
+    assert sorted(ranks[0]["rows"] + ranks[1]["rows"]) == list(range(6))  # one epoch of 6 rows in 3 steps
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["finished"] and (out / "drafter" / "model.safetensors").exists()
