@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+import inspect
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from .records import RecordError
-from .tokenizer import Tokenizer
+from .tokenizer import MAX_RUN_CHARS, KimiTokenizer, Tokenizer
 
 TEXT, SPECIAL, CONTENT = 0, 1, 2
 Piece = tuple[str, int]
@@ -31,8 +32,7 @@ SEGMENT_KINDS = (
 )
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     kind: str
     pieces: tuple[Piece, ...]
 
@@ -49,8 +49,7 @@ def content(kind: str, text: str) -> Segment:
     return Segment(kind, ((text, CONTENT),))
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """A segment's place in the completion: bytes of the completion string, indexes into its IDs."""
 
     kind: str
@@ -60,8 +59,7 @@ class Span:
     tok_end: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "byte_start": self.byte_start, "byte_end": self.byte_end,
-                "tok_start": self.tok_start, "tok_end": self.tok_end}
+        return self._asdict()
 
 
 @dataclass
@@ -195,27 +193,33 @@ class PieceEncoder:
     def __init__(self, tok: Tokenizer, cache_entries: int = 8192) -> None:
         self.tok = tok
         self.special_ids = {s.text: s.id for s in tok.special_tokens}
-        texts = sorted(self.special_ids, key=len, reverse=True)
-        self._marker = re.compile("|".join(map(re.escape, texts))) if texts else None
-        self._cache: dict[tuple[str, bool], list[int]] = {}
+        self._marker = _marker_regex(self.special_ids)
+        self._cache: dict[bool, dict[str, list[int]]] = {False: {}, True: {}}
+        self._marks: dict[str, bool] = {}
         self._cache_entries = cache_entries
-        self._continuation = _supports_continuation(tok)
+        self._plain = _plain_encoder(tok)
+        self._plain_cont = _plain_encoder(tok, continuation=True)
 
     def has_marker(self, text: str) -> bool:
-        """Does ``text`` spell any special token of the tokenizer?"""
-        return self._marker is not None and self._marker.search(text) is not None
+        """Does ``text`` spell any special token of the tokenizer? (cached)"""
+        found = self._marks.get(text)
+        if found is None:
+            found = self._marker is not None and any(m.group() in self.special_ids for m in self._marker.finditer(text))
+            self._remember(self._marks, text, found)
+        return found
+
+    def _remember(self, cache: dict, key: str, value: Any) -> None:
+        if len(cache) >= self._cache_entries:  # evict the oldest: records arrive conversation by conversation
+            del cache[next(iter(cache))]
+        cache[key] = value
 
     def encode_text(self, text: str, continuation: bool = False) -> list[int]:
-        key = (text, continuation)
-        ids = self._cache.get(key)
+        """IDs of plain text (special spellings stay text), cached."""
+        cache = self._cache[continuation]
+        ids = cache.get(text)
         if ids is None:
-            if continuation and self._continuation:
-                ids = self.tok.encode(text, continuation=True)  # type: ignore[call-arg]
-            else:
-                ids = self.tok.encode(text)
-            if len(self._cache) >= self._cache_entries:
-                self._cache.clear()
-            self._cache[key] = ids
+            ids = (self._plain_cont if continuation else self._plain)(text)
+            self._remember(cache, text, ids)
         return ids
 
     def _runs(self, pieces: Iterable[Piece]) -> Iterable[tuple[str, int | None]]:
@@ -236,12 +240,52 @@ class PieceEncoder:
     def encode(self, pieces: Iterable[Piece], continuation: bool = False) -> list[int]:
         """IDs of the joined pieces (plain runs encoded whole, specials by ID)."""
         ids: list[int] = []
-        for text, sid in self._runs(pieces):
+        buf: list[str] = []
+        special_ids = self.special_ids
+        for text, kind in pieces:
+            if kind == SPECIAL:
+                sid = special_ids.get(text)
+                if sid is not None:
+                    if buf:
+                        run = "".join(buf) if len(buf) > 1 else buf[0]
+                        if run:
+                            ids += self.encode_text(run, continuation)
+                        buf = []
+                    ids.append(sid)
+                    continue
+            buf.append(text)
+        if buf:
+            run = "".join(buf)
+            if run:
+                ids += self.encode_text(run, continuation)
+        return ids
+
+    def _encode_single_piece_segments(self, segments: Sequence[Segment],
+                                      continuation: bool) -> tuple[list[int], list[Span]] | None:
+        """The common case: one piece per segment and no two plain segments adjacent. None otherwise."""
+        ids: list[int] = []
+        spans: list[Span] = []
+        byte_pos = 0
+        prev_plain = False
+        special_ids = self.special_ids
+        for kind, pieces in segments:
+            if len(pieces) != 1:
+                return None
+            text, pkind = pieces[0]
+            nb = len(text) if text.isascii() else len(text.encode("utf-8"))
+            start = len(ids)
+            sid = special_ids.get(text) if pkind == SPECIAL else None
             if sid is not None:
                 ids.append(sid)
+                prev_plain = False
             elif text:
+                if prev_plain:
+                    return None
                 ids += self.encode_text(text, continuation)
-        return ids
+                prev_plain = True
+            spans.append(Span(kind, byte_pos, byte_pos + nb, start, len(ids)))
+            byte_pos += nb
+        return ids, spans
 
     def encode_segments(self, segments: Sequence[Segment], continuation: bool = False) -> tuple[list[int], list[Span]]:
         """Encode the completion once; return its IDs and each segment's byte and token span.
@@ -249,6 +293,9 @@ class PieceEncoder:
         A plain run that crosses segment boundaries is encoded whole and cut at token byte
         boundaries; a boundary inside a token raises ValueError (formats place boundaries at specials).
         """
+        fast = self._encode_single_piece_segments(segments, continuation)
+        if fast is not None:
+            return fast
         units = [(i, text, sid) for i, seg in enumerate(segments) for text, sid in self._runs(seg.pieces)]
         ids: list[int] = []
         u_tok: list[tuple[int, int]] = [(0, 0)] * len(units)
@@ -295,10 +342,29 @@ class PieceEncoder:
         return ids, spans
 
 
-def _supports_continuation(tok: Tokenizer) -> bool:
-    import inspect
+def _marker_regex(specials: Iterable[str]) -> re.Pattern | None:
+    """A regex finding candidate special spellings: one generic ``<|...|>`` pattern plus the rest
+    literally (a single fast scan even with hundreds of reserved ``<|reserved_token_N|>`` names)."""
+    generic = re.compile(r"<\|[^\s<>|]{1,64}\|>")
+    others = sorted((t for t in specials if not generic.fullmatch(t)), key=len, reverse=True)
+    alts = ([generic.pattern] if len(others) < len(list(specials)) else []) + [re.escape(t) for t in others]
+    return re.compile("|".join(alts)) if alts else None
 
-    try:
-        return "continuation" in inspect.signature(tok.encode).parameters
-    except (TypeError, ValueError):
-        return False
+
+def _plain_encoder(tok: Tokenizer, continuation: bool = False) -> Callable[[str], list[int]]:
+    """A function encoding text with special spellings as plain text, as ``tok.encode`` does.
+
+    For Kimi, short texts go straight to tiktoken's ``encode_ordinary`` (the same tokens as
+    ``encode`` without allowed specials, but faster); long ones through ``KimiTokenizer.encode``
+    for its chunking. ``continuation`` uses the tokenizer's continuation mode where it has one.
+    """
+    if isinstance(tok, KimiTokenizer):
+        ordinary, full = tok.encoding.encode_ordinary, tok.encode
+        return lambda text: ordinary(text) if len(text) <= MAX_RUN_CHARS else full(text)
+    if continuation:
+        try:
+            if "continuation" in inspect.signature(tok.encode).parameters:
+                return lambda text: tok.encode(text, continuation=True)  # type: ignore[call-arg]
+        except (TypeError, ValueError):
+            pass
+    return tok.encode

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .completion import CompletionOptions, PieceEncoder, ToolCall, Turn, check_text
+from .completion import CONTENT, CompletionOptions, PieceEncoder, ToolCall, Turn, check_text
 from .formats import FORMATS, Format, get_format
 from .records import RecordError
 from .tokenizer import Tokenizer, load_tokenizer
@@ -188,11 +188,11 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
         prompt_pieces = fmt.prompt_pieces(messages, tools)
     except (KeyError, TypeError, AttributeError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
-    if any(kind == 2 and enc.has_marker(text) for text, kind in prompt_pieces):
+    if any(enc.has_marker(text) for text, kind in prompt_pieces if kind == CONTENT):
         flags.append("prompt_literal_marker")
     prompt_ids = enc.encode(prompt_pieces)
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
-    if any(kind == 2 and enc.has_marker(text) for seg in segments for text, kind in seg.pieces):
+    if any(enc.has_marker(text) for seg in segments for text, kind in seg.pieces if kind == CONTENT):
         flags.append("literal_marker")
     flags = seg_flags + flags
     completion_ids, spans = enc.encode_segments(segments, continuation=fmt.continuation)
