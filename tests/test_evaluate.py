@@ -1,0 +1,98 @@
+"""Speculative decoding against the real stories260K target: exactness at temperature 0, τ accounting."""
+import json
+
+import pytest
+import torch
+
+from kimi_eagle import draft_vocab
+from kimi_eagle.assets import stories_dir
+from kimi_eagle.cli import main
+from kimi_eagle.eagle3 import Eagle3Drafter
+from kimi_eagle.hidden import load_target
+from kimi_eagle.speculative import (
+    EagleProposer, NgramProposer, Target, generate, probs_from_logits, speculative_generate,
+)
+
+torch.set_num_threads(1)
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(stories_dir())
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    vocab = draft_vocab.build(torch.arange(512).flip(0), 300)
+    return Eagle3Drafter.from_target(target, vocab, [1, 2, 3], seed=0).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(stories):
+    return [[1] + stories.encode(t) for t in ("Once upon a time", "The little bird was")]
+
+
+class Oracle:
+    """Drafts from the target itself (q = p): every draft must be accepted, so τ = k + 1."""
+
+    name = "oracle"
+
+    def __init__(self, model):
+        self.target = Target(model)
+
+    def propose(self, ids, aux, k, temperature, generator):
+        drafts, dists = [], []
+        for _ in range(k):
+            p = probs_from_logits(self.target(ids + drafts)[0][-1], temperature)
+            d = int(torch.argmax(p)) if temperature <= 0 else int(torch.multinomial(p, 1, generator=generator))
+            drafts.append(d)
+            dists.append(p)
+        return drafts, dists
+
+
+def test_greedy_speculative_output_equals_target_only_greedy(target, drafter, prompts):
+    for ids in prompts:
+        want = generate(target, ids, 40, 0.0, EOS)
+        eagle = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), ids, 40, 4, 0.0, EOS)
+        ngram = speculative_generate(Target(target), NgramProposer(512), ids, 40, 4, 0.0, EOS)
+        assert eagle.tokens == want and ngram.tokens == want
+        assert eagle.rounds > 0 and all(0 <= a <= 4 for a in eagle.accepted)
+
+
+def test_tau_counts_accepted_drafts_plus_the_target_token(target, prompts):
+    for temperature in (0.0, 1.0):
+        g = torch.Generator().manual_seed(3)
+        r = speculative_generate(Target(target), Oracle(target), prompts[0], 21, 4, temperature, None, g)
+        # 1 prefill token + 4 rounds of (4 accepted + 1 bonus) = 21 tokens
+        assert len(r.tokens) == 21 and r.accepted == [4, 4, 4, 4] and r.tau == 5.0
+
+
+def test_sampled_decoding_stays_in_vocab_and_stops_at_eos(target, drafter, prompts):
+    g = torch.Generator().manual_seed(0)
+    r = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), prompts[1], 60, 4, 1.0, EOS, g)
+    assert 0 < len(r.tokens) <= 60 and all(0 <= t < 512 for t in r.tokens)
+    assert EOS not in r.tokens[:-1]
+    assert r.tau == pytest.approx((sum(r.accepted) + r.rounds) / r.rounds)
+
+
+def test_prompt_lookup_continues_the_latest_earlier_match():
+    ngram = NgramProposer(512, max_n=3)
+    drafts, _ = ngram.propose([5, 6, 7, 8, 9, 1, 5, 6, 7, 4, 5, 6, 7], None, 3, 0.0, None)
+    assert drafts == [4, 5, 6]  # "5 6 7" last seen before the tail at position 6, followed by 4 5 6
+    assert ngram.propose([5, 6, 7], None, 3, 0.0, None) == ([], [])
+
+
+def test_cli_reports_tau_for_eagle_and_ngram(drafter, tmp_path, capsys):
+    drafter.save(tmp_path / "draft")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Once upon a time"}\n{"id": "b", "prompt_ids": [1, 365, 382]}\n')
+    rc = main(["evaluate", "--target", str(stories_dir()), "--draft", str(tmp_path / "draft"), "--prompts", str(prompts),
+               "--k", "3", "--max-new-tokens", "16", "-o", str(tmp_path / "report.json")])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert set(report["methods"]) == {"eagle3", "ngram"} and report["k"] == 3
+    for method in report["methods"].values():
+        assert method["greedy"]["identical_to_target_greedy"] == "2/2"
+        assert method["greedy"]["tau"] >= 1.0 and method["t=1"]["tokens"] > 0
+    assert "tau=" in capsys.readouterr().out
