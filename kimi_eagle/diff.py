@@ -242,6 +242,46 @@ def diff_files(tok: Tokenizer, engine_path: str | Path, recon_path: str | Path,
     return diff_rows(tok, read_engine(engine_path, tok), read_reconstructed(recon_path), labels)
 
 
+def sample_pair(api_path: str | Path, engine_path: str | Path, n: int | None, out_dir: str | Path) -> tuple[Path, Path]:
+    """The first ``n`` API records (all if ``n`` is None) and the engine lines with the same ids.
+
+    Engine lines that are not JSON or have no id are kept (they become error rows), so sampling
+    never hides bad input. Written to ``out_dir/api.jsonl`` and ``out_dir/engine.jsonl``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    api_lines, ids = [], set()
+    with open(api_path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            if n is not None and len(api_lines) == n:
+                break
+            api_lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+            try:
+                ids.add(str(json.loads(raw).get("id")))
+            except (ValueError, AttributeError):
+                pass
+    engine_lines = []
+    with open(engine_path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+                rid = obj.get("id", (obj.get("meta_info") or {}).get("id"))
+            except (ValueError, AttributeError):
+                rid = None
+            if rid is None or str(rid) in ids:
+                engine_lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    paths = (out / "api.jsonl", out / "engine.jsonl")
+    for path, lines in zip(paths, (api_lines, engine_lines)):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(b"".join(lines))
+        os.replace(tmp, path)
+    return paths
+
+
 # --------------------------------------------------------------------------------------------
 # output
 

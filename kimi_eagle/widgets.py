@@ -158,6 +158,10 @@ class DiffInspector:
         self.context.observe(lambda _: self._render(), names="value")
         self.prev_button.on_click(lambda _: self.step(-1))
         self.next_button.on_click(lambda _: self.step(+1))
+        for w, name in ((self.dataset, "dataset"), (self.verdict_filter, "verdict"), (self.subclass_filter, "subclass"),
+                        (self.record, "record"), (self.prev_button, "prev"), (self.next_button, "next"),
+                        (self.position, "position"), (self.html, "view")):
+            w.add_class(f"ke-inspector-{name}")  # stable hooks for browser tests
         self.widget = W.VBox([
             W.HBox([self.dataset, self.verdict_filter, self.subclass_filter]),
             W.HBox([self.record, self.prev_button, self.next_button, self.position]),
