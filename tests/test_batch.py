@@ -1,0 +1,204 @@
+"""`kimi-eagle batch`: a notebook over a parameter grid with papermill — validated up front, parallel,
+failures recorded per run, resumable after a failure or a kill, summarised in parquet and HTML."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from kimi_eagle.assets import REPO_ROOT
+from kimi_eagle.batch import read_state, run_batch
+from kimi_eagle.batch_grid import GridError, expand, is_secret_name, load_grid, run_name, validate
+from kimi_eagle.cli import main as cli_main
+from kimi_eagle.notebooks import parameter_names
+
+PROBE = Path(__file__).parent / "data" / "batch_probe.ipynb"  # counts its executions, can sleep, can fail
+GRIDS = sorted((REPO_ROOT / "notebooks" / "grids").glob("*.yaml"))
+
+
+def write_grid(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def counts(counter_dir: Path) -> dict[str, int]:
+    """How many times each run's notebook started executing (one line per execution)."""
+    return {p.name[: -len(".count")]: len(p.read_text().splitlines()) for p in counter_dir.glob("*.count")}
+
+
+# ---- grids: expansion, names, validation (no notebook executed) ----
+
+def test_sweep_is_the_cartesian_product_and_explicit_runs_follow_with_fixed_merged_in():
+    grid = expand({"fixed": {"scale": 2.0}, "sweep": {"x": [1, 2], "label": ["a", "b"]},
+                   "runs": [{"x": 7, "fail": True}, {"_name": "tiny", "x": 0}]})
+    assert [r.name for r in grid.runs] == ["x=1__label=a", "x=1__label=b", "x=2__label=a", "x=2__label=b",
+                                           "x=7__fail=true", "tiny"]
+    assert grid.runs[1].params == {"scale": 2.0, "x": 1, "label": "b"}
+    assert grid.runs[4].params == {"scale": 2.0, "x": 7, "fail": True}
+
+
+def test_run_names_are_stable_readable_and_safe_as_directory_names():
+    assert run_name({"dataset": "reason-tool-use", "n": 20}) == "dataset=reason-tool-use__n=20"
+    assert run_name({"engine": "/data/x/engine.jsonl"}) == "engine=engine.jsonl"  # a path: its last part
+    long = run_name({"text": "word " * 40})
+    assert len(long) <= 80 and "/" not in long and long == run_name({"text": "word " * 40})
+    # two paths with one file name still get distinct directories
+    grid = expand({"sweep": {"engine": ["/a/engine.jsonl", "/b/engine.jsonl"]}})
+    assert len({r.name for r in grid.runs}) == 2
+
+
+def test_duplicate_runs_are_an_error():
+    with pytest.raises(GridError, match="same run"):
+        expand({"runs": [{"x": 1}, {"x": 1}]})
+
+
+def test_secret_names_are_recognised_without_catching_tokenizer_parameters():
+    for name in ["api_key", "OPENROUTER_API_KEY", "hf_token", "apiKey", "client_secret", "password", "token"]:
+        assert is_secret_name(name), name
+    for name in ["tokenizer", "tokenizer_dir", "max_tokens", "n_tokens", "keyword", "output_dir"]:
+        assert not is_secret_name(name), name
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"xx": 1}, "run 'bad': parameter 'xx' is not in batch_probe.ipynb's parameters cell .* did you mean 'x'"),
+    ({"x": "1"}, r"run 'bad': parameter 'x' = '1' is str, but the notebook's default 1 is int"),
+    ({"x": True}, "parameter 'x' = True is bool, but .* is int"),
+    ({"fail": 1}, "parameter 'fail' = 1 is int, but .* is bool"),
+    ({"label": None}, "parameter 'label' = None is NoneType"),
+    ({"api_key": "abc"}, "parameter 'api_key' looks like a secret"),
+    ({"label": "sk-or-v1-0123456789abcdef0123"}, "parameter 'label' has a value that looks like an API key"),
+    ({"output_dir": "/tmp/x"}, "parameter 'output_dir' is set by the batch itself"),
+])
+def test_bad_parameters_are_errors_naming_the_run_and_the_parameter(params, message):
+    grid = expand({"runs": [{"_name": "ok", "x": 2}, {"_name": "bad", **params}]})
+    with pytest.raises(GridError, match=message):
+        validate(grid.runs, parameter_names(PROBE), PROBE.name)
+
+
+def test_types_follow_the_default_ints_fit_floats_and_none_defaults_take_anything():
+    grid = expand({"runs": [{"scale": 3}, {"counter_dir": "/tmp"}, {"counter_dir": 5}, {"x": 4, "label": "z"}]})
+    validate(grid.runs, parameter_names(PROBE), PROBE.name)  # no error
+
+
+def test_a_bad_grid_stops_before_anything_runs(tmp_path, capsys):
+    grid = write_grid(tmp_path / "g.yaml", {"sweep": {"x": [1, 2]}, "runs": [{"_name": "typo", "lable": "b"}]})
+    out = tmp_path / "out"
+    rc = cli_main(["batch", str(PROBE), "--grid", str(grid), "-o", str(out), "--no-progress"])
+    assert rc == 2
+    assert "run 'typo': parameter 'lable'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ---- execution (papermill; a few seconds per run) ----
+
+def test_grid_runs_in_parallel_failure_is_recorded_and_resume_reruns_only_the_failed_run(tmp_path):
+    counter = tmp_path / "counts"
+    counter.mkdir()
+    grid = write_grid(tmp_path / "g.yaml", {
+        "fixed": {"counter_dir": str(counter), "scale": 0.5},
+        "sweep": {"x": [2, 4, 6]},
+        "runs": [{"_name": "broken", "x": 1, "fail": True, "label": "boom"}],
+    })
+    out = tmp_path / "run"
+    result = run_batch(PROBE, grid, out, workers=2, progress=False)
+
+    assert sorted(result.executed) == ["broken", "x=2", "x=4", "x=6"] and result.failed == ["broken"]
+    df = pd.read_parquet(out / "summary.parquet").set_index("run")
+    assert list(df.index) == ["x=2", "x=4", "x=6", "broken"]
+    assert df.status.to_dict() == {"x=2": "ok", "x=4": "ok", "x=6": "ok", "broken": "failed"}
+    assert df.loc["broken", "error"] == "RuntimeError: asked to fail (boom)"
+    assert 'raise RuntimeError(f"asked to fail ({label})")' in df.loc["broken", "failed_cell"]
+    ok = df[df.status == "ok"]
+    assert (ok["metric.value"] == ok["param.x"] * 0.5).all()  # each run got its own parameters
+    assert (df["duration_s"] > 0).all() and (df["attempts"] == 1).all()
+    for name in df.index:  # each run in its own directory, executed notebook also rendered to HTML
+        assert (out / df.loc[name, "notebook"]).is_file() and (out / df.loc[name, "html"]).is_file()
+        assert json.loads((out / name / "run.json").read_text())["params"]["counter_dir"] == str(counter)
+    assert (out / "x=4" / "metrics.json").is_file() and not (out / "broken" / "metrics.json").exists()
+    page = (out / "summary.html").read_text()
+    assert 'href="broken/batch_probe.html"' in page and "asked to fail (boom)" in page
+    assert "charts/value.png" in page and (out / "charts" / "value.png").is_file()
+    assert counts(counter) == {"x=2": 1, "x=4": 1, "x=6": 1, "broken": 1}
+
+    again = run_batch(PROBE, grid, out, workers=2, progress=False, resume=True)
+    assert again.executed == ["broken"] and sorted(again.skipped) == ["x=2", "x=4", "x=6"]
+    assert counts(counter) == {"x=2": 1, "x=4": 1, "x=6": 1, "broken": 2}
+    df = pd.read_parquet(out / "summary.parquet").set_index("run")
+    assert len(df) == 4 and df.loc["broken", "attempts"] == 2 and df.loc["broken", "status"] == "failed"
+
+
+def test_a_killed_batch_resumes_without_rerunning_finished_runs(tmp_path):
+    """SIGTERM to the batch (it stops its workers), then SIGKILL to the whole process group mid-way:
+    each time the finished runs stay finished, and --resume executes only the rest."""
+    counter = tmp_path / "counts"
+    counter.mkdir()
+    names = [f"x={x}" for x in range(1, 6)]
+    grid = write_grid(tmp_path / "g.yaml", {"fixed": {"counter_dir": str(counter), "sleep_s": 1.5},
+                                            "sweep": {"x": list(range(1, 6))}})
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kimi_eagle", "batch", str(PROBE), "--grid", str(grid), "-o", str(out),
+           "--workers", "2", "--no-progress"]
+
+    def ok_runs() -> set[str]:
+        return {n for n in names if read_state(out / n).get("status") == "ok"}
+
+    def start_and_kill(args: list[str], after_ok: int, kill) -> set[str]:
+        proc = subprocess.Popen(args, cwd=REPO_ROOT, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 180
+        while len(ok_runs()) < after_ok:
+            assert proc.poll() is None and time.time() < deadline, "the batch ended before it could be killed"
+            time.sleep(0.05)
+        kill(proc)
+        assert proc.wait(timeout=60) != 0
+        return ok_runs()
+
+    # 1. SIGTERM to the batch process alone: it terminates its workers and exits
+    finished = start_and_kill(cmd, 1, lambda p: os.kill(p.pid, signal.SIGTERM))
+    workers = {read_state(out / n).get("pid") for n in names if read_state(out / n).get("status") == "running"}
+    assert workers and all(_gone(pid) for pid in workers), "workers outlived the batch"
+    assert 1 <= len(finished) < len(names) and not (out / "summary.parquet").exists()
+    before = counts(counter)
+
+    # 2. --resume, then SIGKILL of the whole process group (no clean-up possible) once one more run is done
+    finished2 = start_and_kill([*cmd, "--resume"], len(finished) + 1, lambda p: os.killpg(p.pid, signal.SIGKILL))
+    assert finished < finished2 < set(names)
+    assert {n: counts(counter)[n] for n in finished} == {n: 1 for n in finished}
+
+    # 3. --resume completes the batch, executing only the runs not finished before
+    result = run_batch(PROBE, grid, out, workers=2, progress=False, resume=True)
+    assert set(result.skipped) == finished2 and set(result.executed) == set(names) - finished2
+    df = pd.read_parquet(out / "summary.parquet")
+    assert list(df.run) == names and (df.status == "ok").all()
+    after = counts(counter)
+    assert {n: after[n] for n in finished} == {n: 1 for n in finished}  # never executed again
+    assert all(after[n] > before.get(n, 0) for n in set(names) - finished)
+
+
+def _gone(pid: int, wait_s: float = 15) -> bool:
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---- the grids shipped in notebooks/grids ----
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.name)
+def test_shipped_grids_name_their_notebook_and_validate_against_it(path):
+    grid = load_grid(path)
+    assert grid.notebook is not None and grid.notebook.is_file(), "a shipped grid names its notebook"
+    validate(grid.runs, parameter_names(grid.notebook), grid.notebook.name)
+    assert len(grid.runs) >= 2
