@@ -260,6 +260,26 @@ class _BrokenResponse:
         await send({"type": "http.response.body", "body": half, "more_body": self.fault.kind == "drop"})
 
 
+def delivered_engine_records(engine_log: str | Path, responses: str | Path) -> list[dict[str, Any]]:
+    """The engine record of each stored response, in the order of ``responses`` (exactly one per ``ok`` record).
+
+    A retried or resumed request can leave several engine records with the same id (a reply
+    sampled after the client had timed out, or stored by a collector that was then killed); the
+    one that belongs to a stored response is the one whose ``response_id`` is that response's ``id``.
+    """
+    from .records import read_jsonl
+
+    by_response = {line.obj.get("response_id"): line.obj for line in read_jsonl(engine_log) if isinstance(line.obj, dict)}
+    out = []
+    for line in read_jsonl(responses):
+        rec = line.obj
+        if isinstance(rec, dict) and rec.get("status") == "ok":
+            engine = by_response.get((rec.get("response") or {}).get("id"))
+            if engine is not None:
+                out.append(engine)
+    return out
+
+
 # ---- command line
 
 

@@ -25,7 +25,7 @@ from kimi_eagle.collect import (
 from kimi_eagle.engine import completion_text
 from kimi_eagle.faults import FaultConfig
 from kimi_eagle.records import read_jsonl
-from kimi_eagle.serve import LocalServer
+from kimi_eagle.serve import LocalServer, delivered_engine_records
 
 pytestmark = pytest.mark.timeout(240)
 SECRET = f"sk-or-v1-test-{uuid.uuid4().hex}"
@@ -164,15 +164,14 @@ def test_every_prompt_ends_with_one_response_or_one_permanent_error_under_faults
     assert records["routed-away"][0]["error"]["http_status"] == 404
     statuses = [a["status"] for a in records["wrong-model"][0]["timing"]["attempt_log"]]
     assert statuses[-1] == 400 and statuses.count(400) == 1  # permanent: not retried (earlier tries met faults)
-    engine = {}
-    for line in read_jsonl(server.records_path):
-        engine[line.obj["response_id"]] = line.obj
+    delivered = {r["response_id"]: r for r in delivered_engine_records(server.records_path, out)}
+    assert len(delivered) == 40
     for i in range(40):
         rec = records[f"p{i}"][0]
         assert rec["status"] == "ok" and rec["request"]["seed"] == i
         assert len(rec["timing"]["attempt_log"]) == rec["timing"]["attempts"]
-        logged = engine[rec["response"]["id"]]  # the engine record of exactly this delivered response
-        assert logged["id"] == f"p{i}"
+        logged = delivered[rec["response"]["id"]]  # the engine record of exactly this delivered response
+        assert logged["id"] == f"p{i}" and logged["sampling"]["seed"] == i
         assert rec["response"]["choices"][0]["message"]["content"] == completion_text(stories, logged["output_ids"], [2])
 
 
