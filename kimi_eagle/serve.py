@@ -72,8 +72,8 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
         raise RequestError(400, "n must be 1")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sp = SamplingParams(
-        temperature=body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0,
-        top_p=body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0,
+        temperature=1.0 if body.get("temperature") is None else body["temperature"],
+        top_p=1.0 if body.get("top_p") is None else body["top_p"],
         seed=body.get("seed"),
         max_tokens=max_tokens,
     )
