@@ -63,28 +63,67 @@ def write_summary(run_dir: Path, runs: list[tuple[str, dict[str, Any]]], title: 
 
 
 def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
-    """A chart per numeric metric (a bar per run, error bars from its interval) and per per-step list metric."""
+    """Charts comparing runs: a bar per run for each numeric metric (error bars from its interval), one stacked
+    bar per run for each mapping of counts (e.g. ``verdict``), a line per run for each list metric (e.g. per step).
+
+    Metrics that are zero (or missing) in every run are left out: there is nothing to compare.
+    """
     out.mkdir(parents=True, exist_ok=True)
     metrics = [c for c in df.columns if c.startswith("metric.")]
     bounds = {c for m in metrics for c in _interval_columns(df, m) or ()}
+    numeric = [c for c in metrics if c not in bounds and df[c].notna().any()
+               and all(_is_number(v) for v in df[c].dropna())]
+    groups: dict[str, list[str]] = {}
+    for c in numeric:
+        if c.count(".") >= 2:
+            groups.setdefault(c.rsplit(".", 1)[0], []).append(c)
+    groups = {g: cols for g, cols in groups.items() if len(cols) >= 2}
+    grouped = {c for cols in groups.values() for c in cols}
+
     paths: list[Path] = []
     for col in metrics:
-        if col in bounds or len(paths) >= MAX_CHARTS:
+        if len(paths) >= MAX_CHARTS or col in bounds or col in grouped:
             continue
         values = df[col]
         have = values.notna()
-        if not have.any():
-            continue
         name = col[len("metric."):]
         path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
-        if all(_is_number(v) for v in values[have]):
+        if col in numeric and _nonzero(values):
             _bar_chart(df[have], col, name, _interval_columns(df, col), path)
-        elif all(_is_number_list(v) for v in values[have]):
+        elif have.any() and all(_is_number_list(v) for v in values[have]):
             _line_chart(df[have], col, name, path)
         else:
             continue
         paths.append(path)
+    for group, cols in groups.items():
+        cols = [c for c in cols if _nonzero(df[c])]
+        if cols and len(paths) < MAX_CHARTS:
+            name = group[len("metric."):]
+            path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
+            _stacked_chart(df[df[cols].notna().any(axis=1)], cols, name, path)
+            paths.append(path)
     return paths
+
+
+def _nonzero(values: pd.Series) -> bool:
+    return any(_present(v) and (not _is_number(v) or v != 0) for v in values)
+
+
+def _stacked_chart(df: pd.DataFrame, cols: list[str], name: str, path: Path) -> None:
+    labels = [str(r) for r in df["run"]]
+    fig, ax = plt.subplots(figsize=(8, max(2.2, 0.45 * len(labels) + 1.2)))
+    left = [0.0] * len(labels)
+    for col in cols:
+        values = [float(v) if _is_number(v) else 0.0 for v in df[col]]
+        bars = ax.barh(labels, values, left=left, label=col.rsplit(".", 1)[1])
+        ax.bar_label(bars, labels=[_fmt(v) if v else "" for v in values], fontsize=8, label_type="center")
+        left = [a + b for a, b in zip(left, values)]
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set(title=f"{name} per run", xlabel=f"{name} (stacked)", ylabel="run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
