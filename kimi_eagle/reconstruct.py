@@ -56,7 +56,8 @@ class ReconstructedRow:
     provider: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row as a dict (shallow: the ID lists are shared, not copied)."""
+        return dict(self.__dict__)
 
     @property
     def loss_mask(self) -> list[int]:
@@ -226,7 +227,13 @@ def reconstruct_line(raw: bytes, lineno: int, tok: Tokenizer, fmt: Format, optio
     """One JSONL line -> one row dict (never raises for bad input), with its ``line`` number."""
     try:
         record = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        try:  # keep the id if the rest of the line is readable
+            rid = record_id(json.loads(raw.decode("utf-8", "replace")), lineno)
+        except json.JSONDecodeError:
+            rid = f"line:{lineno}"
+        row = error_row(rid, f"line {lineno}: invalid UTF-8 at byte {e.start}", fmt.name)
+    except json.JSONDecodeError as e:
         row = error_row(f"line:{lineno}", f"line {lineno}: not JSON ({e})", fmt.name)
     else:
         try:
@@ -259,9 +266,15 @@ def _schema():
 
 def _write_atomic(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow as pa
+
+    schema = _schema()
+    table = pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in schema}, schema=schema)
+    _write_table_atomic(table, path)
+
+
+def _write_table_atomic(table: "Any", path: Path) -> None:
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(rows, schema=_schema())
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
@@ -320,15 +333,28 @@ def _manifest(in_path: Path, tokenizer_dir: str, format_name: str, options: Comp
             "format": format_name, "options": asdict(options), "shard_size": shard_size}
 
 
-def _mark_duplicates(rows: list[dict[str, Any]]) -> None:
+def _mark_duplicates(table: "Any") -> "Any":
+    """Turn every repeat of an earlier id into an error row (the first occurrence stays)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     first: dict[str, int] = {}
-    for row in rows:
-        rid = row["id"]
+    dup = []
+    for k, (rid, lineno) in enumerate(zip(table.column("id").to_pylist(), table.column("line").to_pylist())):
         if rid in first:
-            row.update(status="error", error=f"duplicate id {rid!r} (first at line {first[rid]})", prompt_ids=[],
-                       completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[])
+            dup.append(k)
         else:
-            first.setdefault(rid, row["line"])
+            first[rid] = lineno
+    if not dup:
+        return table
+    dups = set(dup)
+    mask = pa.array([k in dups for k in range(table.num_rows)])
+    rows = table.filter(mask).to_pylist()
+    for row in rows:
+        row.update(status="error", error=f"duplicate id {row['id']!r} (first at line {first[row['id']]})", prompt_ids=[],
+                   completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[])
+    fixed = pa.Table.from_pylist(rows, schema=table.schema)
+    return pa.concat_tables([table.filter(pc.invert(mask)), fixed]).sort_by("line")
 
 
 def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
@@ -389,14 +415,12 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     files = sorted(parts.glob("shard-*.parquet"))
     if len(files) != n_shards:
         raise RuntimeError(f"{parts}: expected {n_shards} shards, found {len(files)}")
-    table = pa.concat_tables([pq.read_table(f, schema=_schema()) for f in files])
-    rows = table.sort_by("line").to_pylist()
-    _mark_duplicates(rows)
-    _write_atomic(rows, out_path)
+    table = _mark_duplicates(pa.concat_tables([pq.read_table(f, schema=_schema()) for f in files]).sort_by("line"))
+    _write_table_atomic(table, out_path)
     shutil.rmtree(parts)
     counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    for status in table.column("status").to_pylist():
+        counts[status] = counts.get(status, 0) + 1
     return counts
 
 
