@@ -93,27 +93,28 @@ def run_batch(notebook: str | Path, grid: Grid | str | Path, run_dir: str | Path
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_manifest(run_dir, notebook, grid)
-    due = [r for r in grid.runs if not (resume and _is_done(run_dir / r.name, r))]
-    skipped = [r.name for r in grid.runs if r not in due]
-    tasks = [(str(notebook), str(run_dir / r.name), r.name, r.params, str(cwd or os.getcwd())) for r in due]
-
     executed: list[str] = []
     failed: set[str] = set()
-    _preload()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_exclusive(run_dir))
+        _write_manifest(run_dir, notebook, grid)
+        due = [r for r in grid.runs if not (resume and _is_done(run_dir / r.name, r))]
+        skipped = [r.name for r in grid.runs if r not in due]
+        tasks = [(str(notebook), str(run_dir / r.name), r.name, r.params, str(cwd or os.getcwd())) for r in due]
+        _preload()
         stack.enter_context(_terminate_on_sigterm())
         # workers first (forked before any thread exists), then the bar; leaving the block terminates the workers
         pool = stack.enter_context(_pool(min(workers, len(tasks)))) if tasks else None
-        bar = stack.enter_context(_progress_bar(len(grid.runs), len(skipped), progress))
-        from .batch_summary import write_summary  # pandas, matplotlib: imported while the workers run
+        with _progress_bar(len(grid.runs), len(skipped), progress) as bar:
+            from .batch_summary import write_summary  # pandas, matplotlib: imported while the workers run
 
-        for state in pool.imap_unordered(execute_run, tasks) if pool else ():
-            executed.append(state["name"])
-            if state["status"] != "ok":
-                failed.add(state["name"])
-            _advance(bar, len(executed) - len(failed) + len(skipped), len(failed), len(tasks) - len(executed))
-    write_summary(run_dir, [(r.name, r.params) for r in grid.runs], title=f"{notebook.name} over {len(grid.runs)} runs")
+            for state in pool.imap_unordered(execute_run, tasks) if pool else ():
+                executed.append(state["name"])
+                if state["status"] != "ok":
+                    failed.add(state["name"])
+                _advance(bar, len(executed) - len(failed) + len(skipped), len(failed), len(tasks) - len(executed))
+        write_summary(run_dir, [(r.name, r.params) for r in grid.runs],
+                      title=f"{notebook.name} over {len(grid.runs)} runs")
     return BatchResult(run_dir, executed, skipped, [r.name for r in grid.runs if r.name in failed])
 
 
@@ -168,6 +169,19 @@ def _stderr_to(path: Path):
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path):
+    """Hold ``RUN_DIR/batch.lock`` (released by the OS however the batch ends): one batch per RUN_DIR at a time."""
+    import fcntl
+
+    with open(run_dir / "batch.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise GridError(f"{run_dir} is in use by another batch; wait for it or use another RUN_DIR") from None
+        yield
 
 
 def _preload() -> None:

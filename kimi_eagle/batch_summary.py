@@ -27,6 +27,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
 MAX_CHARTS = 24
+STATUS_ORDER = {"ok": 0, "failed": 1, "missing": 2}
 
 
 def summary_frame(run_dir: Path, runs: list[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
@@ -128,7 +129,7 @@ def _stacked_chart(df: pd.DataFrame, cols: list[str], name: str, path: Path) -> 
 
 def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
     counts = df["status"].value_counts().to_dict()
-    head = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    head = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: (STATUS_ORDER.get(s, 9), s)))
     params = [c for c in df.columns if c.startswith("param.")]
     varying = [c for c in params if df[c].map(lambda v: repr(v) if _present(v) else "").nunique() > 1] or params
     metrics = [c for c in df.columns if c.startswith("metric.")]

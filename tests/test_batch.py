@@ -16,6 +16,7 @@ import yaml
 
 from kimi_eagle.assets import REPO_ROOT
 from kimi_eagle.batch import read_state, run_batch
+from kimi_eagle.batch_summary import write_summary
 from kimi_eagle.batch_grid import GridError, expand, is_secret_name, load_grid, run_name, validate
 from kimi_eagle.cli import main as cli_main
 from kimi_eagle.notebooks import parameter_names
@@ -95,6 +96,51 @@ def test_a_bad_grid_stops_before_anything_runs(tmp_path, capsys):
     assert rc == 2
     assert "run 'typo': parameter 'lable'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_one_batch_at_a_time_per_run_dir(tmp_path):
+    import fcntl
+
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / "batch.lock", "a+") as held:  # as another running batch holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(GridError, match="in use by another batch"):
+            run_batch(PROBE, write_grid(tmp_path / "g.yaml", {"sweep": {"x": [1]}}), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "x=1").exists()
+
+
+# ---- the summary (from run states on disk; no notebook executed) ----
+
+def test_summary_has_a_row_per_planned_run_whatever_its_state_and_any_metrics_fit_parquet(tmp_path):
+    def run_dir(name, state, metrics=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps(state))
+        if metrics is not None:
+            (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+
+    run_dir("a", {"status": "ok", "duration_s": 1.5, "attempts": 1},
+            {"rate": 0.25, "rate_ci": [0.1, 0.5], "verdict": {"exact": 3, "semantic": 1}, "tau": [1.0, 0.5], "tag": "x"})
+    run_dir("b", {"status": "ok", "duration_s": 2.0, "attempts": 2},
+            {"rate": 0.5, "rate_ci": [0.3, 0.7], "verdict": {"exact": 2, "semantic": 2}, "tau": [0.9], "tag": 7})
+    run_dir("c", {"status": "failed", "error": "ValueError: no", "failed_cell": {"index": 3, "source": "1/0"}})
+    run_dir("d", {"status": "running"})  # interrupted: not finished
+    runs = [(n, {"k": i, "path": "/x"}) for i, n in enumerate(["a", "b", "c", "d", "e"])]  # e never started
+
+    df = write_summary(tmp_path, runs, title="t")
+    back = pd.read_parquet(tmp_path / "summary.parquet")
+    assert list(back.run) == ["a", "b", "c", "d", "e"]
+    assert list(back.status) == ["ok", "ok", "failed", "missing", "missing"]
+    assert list(back["param.k"]) == [0, 1, 2, 3, 4]
+    assert back["metric.rate"].tolist()[:2] == [0.25, 0.5] and back["metric.verdict.semantic"].tolist()[:2] == [1, 2]
+    assert back["metric.rate_ci.0"].tolist()[:2] == [0.1, 0.3]  # an interval becomes two columns
+    assert back["metric.tag"].tolist()[:2] == ['"x"', "7"]  # mixed types become JSON text
+    assert list(back["metric.tau"][0]) == [1.0, 0.5]  # number lists stay lists
+    assert back.loc[2, "error"] == "ValueError: no" and back.loc[2, "failed_cell"] == "1/0"
+    assert len(df) == 5
+    charts = sorted(p.name for p in (tmp_path / "charts").glob("*.png"))
+    assert charts == ["rate.png", "tau.png", "verdict.png"]  # bounds are not charts of their own
+    page = (tmp_path / "summary.html").read_text()
+    assert "5 runs: 2 ok, 1 failed, 2 missing" in page and "ValueError: no" in page and "charts/verdict.png" in page
 
 
 # ---- execution (papermill; a few seconds per run) ----
