@@ -326,6 +326,132 @@ class Plain:
 
 
 # --------------------------------------------------------------------------------------------
+# A HF tokenizer's own jinja chat template
+
+MARK_START, MARK_END = "\ue000", "\ue001"  # private-use markers around special spellings in user/model text
+
+
+class HFTemplateFormat:
+    """A HF tokenizer's own jinja chat template (e.g. Qwen3), rendered like ``apply_chat_template``.
+
+    Special spellings inside message text are marked before rendering, so only the template's own
+    markers become special tokens. The completion is the template's rendering of the assistant
+    message after the generation prompt, cut after the stop token (``eos_token``); segments are
+    ``reasoning`` (up to ``</think>``), ``think_end``, ``content`` (tool calls included) and ``im_end``.
+    """
+
+    continuation = False
+
+    def __init__(self, chat_template: str, specials: Sequence[str], stop: str, name: str = "hf-template",
+                 context: dict | None = None) -> None:
+        import json as _json
+        import re
+
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return _json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+        def _raise(message):
+            raise RecordError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        self.template = env.from_string(chat_template)
+        self.name, self.stop, self.context = name, stop, context or {}
+        alts = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
+        self._special = re.compile(alts) if alts else None
+        self._split = re.compile(f"{MARK_START}(.*?){MARK_END}" + (f"|({alts})" if alts else ""), re.S)
+
+    @classmethod
+    def from_tokenizer(cls, tok: Tokenizer) -> "HFTemplateFormat":
+        template = getattr(tok, "chat_template", None)
+        if not template:
+            raise ValueError(f"{tok.name} has no chat template")
+        config = getattr(tok, "config", {})
+        stop = _special_or_none(tok, "eos_token")
+        if not stop:
+            raise ValueError(f"{tok.name} has no eos_token to stop on")
+        context = {k: _special_or_none(tok, k) for k in ("bos_token", "eos_token") if config.get(k)}
+        return cls(template, [s.text for s in tok.special_tokens], stop, context=context)
+
+    def _mark(self, value: Any) -> Any:
+        if isinstance(value, str):
+            if MARK_START in value or MARK_END in value:
+                raise RecordError("text contains the private-use characters U+E000/U+E001")
+            return self._special.sub(lambda m: MARK_START + m.group() + MARK_END, value) if self._special else value
+        if isinstance(value, dict):
+            return {k: self._mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._mark(v) for v in value]
+        return value
+
+    def _render(self, messages: Sequence[Message], tools: list | None, add_generation_prompt: bool) -> str:
+        import jinja2
+
+        try:
+            # ``content: null`` (tool-call turns) becomes "", which templates such as Qwen3's can handle
+            messages = [m if m.get("content") is not None else {**m, "content": ""} for m in messages]
+            return self.template.render(messages=self._mark(messages), tools=self._mark(tools) if tools else None,
+                                        add_generation_prompt=add_generation_prompt, **self.context)
+        except jinja2.TemplateError as e:
+            raise RecordError(f"chat template: {e}") from None
+
+    def _pieces(self, text: str) -> list[Piece]:
+        out: list[Piece] = []
+        pos = 0
+        for m in self._split.finditer(text):
+            if m.start() > pos:
+                out.append((text[pos:m.start()], TEXT))
+            out.append((m.group(1), CONTENT) if m.group(1) is not None else (m.group(), SPECIAL))
+            pos = m.end()
+        if pos < len(text):
+            out.append((text[pos:], TEXT))
+        return out
+
+    def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
+        return self._pieces(self._render(messages, tools, True))
+
+    def completion_segments(self, turn: Turn, messages: Sequence[Message],
+                            options: CompletionOptions) -> tuple[list[Segment], list[str]]:
+        msg: dict[str, Any] = {"role": "assistant", "content": turn.content or ""}
+        if turn.reasoning:
+            msg["reasoning_content"] = turn.reasoning
+        first = count_tool_calls(messages)
+        if turn.tool_calls:
+            msg["tool_calls"] = [{"id": c.id if options.keep_tool_ids and c.id else f"functions.{c.name}:{first + k}",
+                                  "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for k, c in enumerate(turn.tool_calls)]
+        prompt = self._render(messages, None, True)
+        full = self._render([*messages, msg], None, False)
+        if not full.startswith(prompt):
+            raise RecordError(f"{self.name}: the template's rendering of this turn does not extend its prompt")
+        suffix = full[len(prompt):]
+        flags: list[str] = []
+        end = suffix.rfind(self.stop)
+        if end < 0:
+            raise RecordError(f"{self.name}: the rendered turn has no stop token {self.stop!r}")
+        body = suffix[:end]
+        think = body.find("</think>")
+        if turn.finish_reason == "length":
+            flags.append("truncated")
+            if not turn.content and not turn.tool_calls and think >= 0:
+                body = body[:think]
+                think = -1
+        segs: list[Segment] = []
+        if think >= 0:
+            segs += [Segment("reasoning", tuple(self._pieces(body[:think]))), special("think_end", "</think>")]
+            body = body[think + len("</think>"):]
+        if body:
+            segs.append(Segment("content", tuple(self._pieces(body))))
+        if turn.finish_reason != "length":
+            segs.append(special("im_end", self.stop))
+        return segs, flags
+
+
+# --------------------------------------------------------------------------------------------
 # Registry
 
 
@@ -338,12 +464,21 @@ def _special_or_none(tok: Tokenizer | None, key: str) -> str | None:
     return value
 
 
-def get_format(name: str, tokenizer: Tokenizer | None = None) -> Format:
-    """The chat format called ``name``; ``hf-template`` and ``plain`` read the tokenizer's config."""
+def get_format(name: str, tokenizer: Tokenizer | None = None, tool_declaration: str = "json") -> Format:
+    """The chat format called ``name``; ``hf-template`` and ``plain`` read the tokenizer's config.
+
+    ``tool_declaration`` (K2.5 only): ``json`` (the template's default, compact JSON) or ``ts``
+    (the TypeScript-style declaration Moonshot's tokenizer passes as ``tools_ts_str``).
+    """
+    if tool_declaration not in TOOL_DECLARATIONS:
+        raise ValueError(f"unknown tool declaration {tool_declaration!r}; known: {', '.join(TOOL_DECLARATIONS)}")
+    ts = None
+    if tool_declaration == "ts":
+        from .tool_decl import tools_to_typescript as ts
     if name == "kimi-k2.5":
-        return KimiK25(thinking=True)
+        return KimiK25(thinking=True, tools_ts=ts)
     if name == "kimi-k2.5-nothink":
-        return KimiK25(thinking=False, name=name)
+        return KimiK25(thinking=False, tools_ts=ts, name=name)
     if name == "kimi-k2-thinking":
         return KimiK2Thinking()
     if name == "kimi-k2-instruct":
@@ -352,7 +487,12 @@ def get_format(name: str, tokenizer: Tokenizer | None = None) -> Format:
         bos = _special_or_none(tokenizer, "bos_token") if tokenizer is not None else "<s>"
         eos = _special_or_none(tokenizer, "eos_token") if tokenizer is not None else "</s>"
         return Plain(bos=bos, eos=eos or "</s>")
+    if name == "hf-template":
+        if tokenizer is None:
+            raise ValueError("format 'hf-template' needs a tokenizer with a chat template")
+        return HFTemplateFormat.from_tokenizer(tokenizer)
     raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMATS)}")
 
 
-FORMATS = ("kimi-k2.5", "kimi-k2.5-nothink", "kimi-k2-thinking", "kimi-k2-instruct", "plain")
+FORMATS = ("kimi-k2.5", "kimi-k2.5-nothink", "kimi-k2-thinking", "kimi-k2-instruct", "hf-template", "plain")
+TOOL_DECLARATIONS = ("json", "ts")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .completion import CONTENT, CompletionOptions, PieceEncoder, ToolCall, Turn, check_text
-from .formats import FORMATS, Format, get_format
+from .formats import FORMATS, TOOL_DECLARATIONS, Format, get_format
 from .records import RecordError
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -313,9 +313,10 @@ def _shards(path: Path, shard_size: int) -> Iterator[tuple[int, list[tuple[int, 
 _W: dict[str, Any] = {}  # per-process worker state: tokenizer, format, options, parts dir
 
 
-def _init_worker(tokenizer_dir: str, format_name: str, options: CompletionOptions, parts: str, tok: Any = None) -> None:
+def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions, parts: str,
+                 tok: Any = None) -> None:
     tok = tok or load_tokenizer(tokenizer_dir)
-    _W.update(tok=tok, fmt=get_format(format_name, tok), options=options, parts=Path(parts))
+    _W.update(tok=tok, fmt=get_format(format_name, tok, tool_declaration), options=options, parts=Path(parts))
 
 
 def _run_shard(job: tuple[int, list[tuple[int, bytes]]]) -> tuple[int, int]:
@@ -325,12 +326,13 @@ def _run_shard(job: tuple[int, list[tuple[int, bytes]]]) -> tuple[int, int]:
     return k, len(rows)
 
 
-def _manifest(in_path: Path, tokenizer_dir: str, format_name: str, options: CompletionOptions, shard_size: int) -> dict:
+def _manifest(in_path: Path, tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions,
+              shard_size: int) -> dict:
     st = in_path.stat()
     with open(in_path, "rb") as f:
         head = hashlib.sha256(f.read(1 << 20)).hexdigest()
     return {"input": str(in_path.resolve()), "size": st.st_size, "head_sha256": head, "tokenizer": str(Path(tokenizer_dir).resolve()),
-            "format": format_name, "options": asdict(options), "shard_size": shard_size}
+            "format": format_name, "tool_declaration": tool_declaration, "options": asdict(options), "shard_size": shard_size}
 
 
 def _mark_duplicates(table: "Any") -> "Any":
@@ -360,7 +362,7 @@ def _mark_duplicates(table: "Any") -> "Any":
 def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
                      format_name: str, workers: int = 1, resume: bool = False,
                      options: CompletionOptions = ReconstructOptions(), shard_size: int = 256,
-                     progress: bool = True) -> dict[str, int]:
+                     progress: bool = True, tool_declaration: str = "json") -> dict[str, int]:
     """Reconstruct every record of ``in_path`` into ``out_path`` (parquet); returns status counts.
 
     Exactly one row per non-blank input line, in input order. Shards go to ``OUT.parts/`` (atomic
@@ -380,7 +382,7 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     if n_lines == 0:
         raise ValueError(f"{in_path} is empty: no records to reconstruct")
     parts = out_path.with_name(out_path.name + ".parts")
-    manifest = _manifest(in_path, str(tokenizer_dir), format_name, options, shard_size)
+    manifest = _manifest(in_path, str(tokenizer_dir), format_name, tool_declaration, options, shard_size)
     mpath = parts / "manifest.json"
     if resume and parts.is_dir() and mpath.is_file():
         old = json.loads(mpath.read_text())
@@ -400,7 +402,7 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     bar.update(sum(min(shard_size, n_lines - k * shard_size) for k in done))
     tok = load_tokenizer(tokenizer_dir)
     if workers <= 1:
-        _init_worker(str(tokenizer_dir), format_name, options, str(parts), tok)
+        _init_worker(str(tokenizer_dir), format_name, tool_declaration, options, str(parts), tok)
         for _, n in map(_run_shard, jobs):
             bar.update(n)
     else:
@@ -408,7 +410,8 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
 
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
         init_tok = tok if ctx.get_start_method() == "fork" else None
-        with ctx.Pool(workers, _init_worker, (str(tokenizer_dir), format_name, options, str(parts), init_tok)) as pool:
+        init_args = (str(tokenizer_dir), format_name, tool_declaration, options, str(parts), init_tok)
+        with ctx.Pool(workers, _init_worker, init_args) as pool:
             for _, n in pool.imap_unordered(_run_shard, jobs):
                 bar.update(n)
     bar.close()
@@ -433,6 +436,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="output parquet")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (Kimi or HF)")
     p.add_argument("--format", default="kimi-k2.5", choices=FORMATS, help="chat format (default kimi-k2.5)")
+    p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default="json",
+                   help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--resume", action="store_true", help="keep the finished shards of an interrupted run")
     p.add_argument("--shard-size", type=int, default=256, help="records per shard (the unit of resumption)")
@@ -447,7 +452,7 @@ def run(args: argparse.Namespace) -> int:
                                  keep_tool_ids=args.keep_tool_ids)
     counts = reconstruct_file(args.input, args.output, args.tokenizer, args.format, workers=args.workers,
                               resume=args.resume, options=options, shard_size=args.shard_size,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, tool_declaration=args.tool_declaration)
     total = sum(counts.values())
     print(f"{args.output}: {total} rows, " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 0
