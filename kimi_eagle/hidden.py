@@ -103,6 +103,8 @@ def row_from_obj(obj: Any, index: int) -> Row:
     if not isinstance(obj, dict):
         raise ValueError("row is not an object")
     rid = str(obj.get("id", index))
+    if obj.get("error") and "status" not in obj:  # an engine record that failed
+        raise ValueError(f"error: {obj['error']}")
     if obj.get("status", "ok") != "ok":
         raise ValueError(f"status {obj.get('status')!r}: {obj.get('error')}")
     if "input_ids" in obj:

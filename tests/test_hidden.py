@@ -104,12 +104,14 @@ def test_bad_rows_are_reported_not_dropped(tmp_path):
         json.dumps({"id": "engine", "prompt_ids": [1], "output_ids": [7, 8]}),
         json.dumps({"id": "failed", "status": "error", "error": "no content"}),
         json.dumps({"id": "short", "input_ids": [1], "loss_mask": [1]}),
+        json.dumps({"id": "engine-failed", "error": "prompt too long"}),
         "not json",
     ]) + "\n")
     rows, skipped = load_rows(data)
     assert [(r.id, r.input_ids, r.loss_mask) for r in rows] == [
         ("ok", [1, 5, 6, 2], [0, 0, 1, 1]), ("engine", [1, 7, 8], [0, 1, 1])]
-    assert [s["id"] for s in skipped] == ["failed", "short", None]
+    assert [s["id"] for s in skipped] == ["failed", "short", "engine-failed", None]
+    assert skipped[2]["reason"] == "error: prompt too long"
     assert all(s["reason"] for s in skipped)
 
 
