@@ -147,8 +147,11 @@ class Engine:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, chat_format: str | None = None, name: str | None = None,
-                 threads: int | None = None) -> "Engine":
-        """Load ``model_dir`` (weights + ``tokenizer.json``) on the CPU in float32."""
+                 threads: int | None = None, stop_ids: Sequence[int] | None = None) -> "Engine":
+        """Load ``model_dir`` (weights + ``tokenizer.json``) on the CPU in float32.
+
+        ``stop_ids`` replaces the config's ``eos_token_id`` as the tokens that end a generation.
+        """
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -164,7 +167,7 @@ class Engine:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         tok = load_tokenizer(model_dir)
         eos = config.eos_token_id
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        eos_ids = list(stop_ids) if stop_ids else [eos] if isinstance(eos, int) else list(eos or [])
         if not eos_ids and isinstance(tok, HFTokenizer):
             eos_ids = [s.id for s in tok.special_tokens if s.text in ("</s>", "<|endoftext|>", "<|im_end|>")]
         context = getattr(config, "max_position_embeddings", None)

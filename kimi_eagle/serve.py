@@ -292,6 +292,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-format", choices=CHAT_FORMATS, help="default: the tokenizer's template if it has one, else plain")
     p.add_argument("--provider-name", default=DEFAULT_PROVIDER, help="the `provider` field of responses")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")
     p.add_argument("--ready-file", help="write {base_url, port, pid} here once listening")
     p.add_argument("--admin", action="store_true", help="enable /admin/faults and /admin/stats")
     p.add_argument("--api-key-env", metavar="NAME",
@@ -320,7 +321,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     faults = fault_config(args)
-    engine = Engine.from_dir(args.model, args.chat_format, args.served_model_name, threads=args.threads)
+    stop_ids = [int(i) for i in args.stop_ids.split(",")] if args.stop_ids else None
+    engine = Engine.from_dir(args.model, args.chat_format, args.served_model_name, threads=args.threads,
+                             stop_ids=stop_ids)
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         raise ValueError(f"--api-key-env {args.api_key_env}: that variable is not set")

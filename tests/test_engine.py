@@ -76,6 +76,11 @@ def test_sampling_the_stop_token_ends_with_it_and_finish_reason_stop(engine):
     assert stopper.text(gen).encode() == ids_to_bytes(engine.tok, gen.output_ids[:-1])
 
 
+def test_stop_ids_can_replace_the_configured_eos(engine):
+    bos_stops = Engine.from_dir(stories_dir(), stop_ids=[1, 2], threads=1)
+    assert bos_stops.eos_ids == [1, 2] and engine.eos_ids == [2]
+
+
 def test_the_context_length_bounds_the_output_and_rejects_long_prompts(engine, stories):
     long_prompt = [1] + stories.encode("the cat sat " * 300)[:508]
     gen = engine.generate(long_prompt, SamplingParams(temperature=1.0, seed=0, max_tokens=100))
