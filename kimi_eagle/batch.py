@@ -37,6 +37,7 @@ class BatchResult:
     executed: list[str]  # runs executed by this invocation, in completion order
     skipped: list[str]  # runs already ok (with --resume)
     failed: list[str]  # runs whose latest attempt failed
+    errors: dict[str, str]  # run -> error, for the failed runs
 
     @property
     def ok(self) -> bool:
@@ -67,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"batch: {n - len(result.failed)}/{n} runs ok ({len(result.executed)} executed, "
           f"{len(result.skipped)} already ok), {len(result.failed)} failed -> {result.run_dir / 'summary.html'}")
     for name in result.failed:
-        state = read_state(result.run_dir / name)
-        print(f"  failed: {name}: {state.get('error')}", file=sys.stderr)
+        print(f"  failed: {name}: {result.errors.get(name)}", file=sys.stderr)
     return 0 if result.ok else 1
 
 
@@ -94,7 +94,7 @@ def run_batch(notebook: str | Path, grid: Grid | str | Path, run_dir: str | Path
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     executed: list[str] = []
-    failed: set[str] = set()
+    errors: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(_exclusive(run_dir))
         _write_manifest(run_dir, notebook, grid)
@@ -111,11 +111,11 @@ def run_batch(notebook: str | Path, grid: Grid | str | Path, run_dir: str | Path
             for state in pool.imap_unordered(execute_run, tasks) if pool else ():
                 executed.append(state["name"])
                 if state["status"] != "ok":
-                    failed.add(state["name"])
-                _advance(bar, len(executed) - len(failed) + len(skipped), len(failed), len(tasks) - len(executed))
+                    errors[state["name"]] = state.get("error") or "unknown error"
+                _advance(bar, len(executed) - len(errors) + len(skipped), len(errors), len(tasks) - len(executed))
         write_summary(run_dir, [(r.name, r.params) for r in grid.runs],
                       title=f"{notebook.name} over {len(grid.runs)} runs")
-    return BatchResult(run_dir, executed, skipped, [r.name for r in grid.runs if r.name in failed])
+    return BatchResult(run_dir, executed, skipped, [r.name for r in grid.runs if r.name in errors], errors)
 
 
 def execute_run(task: tuple[str, str, str, dict[str, Any], str]) -> dict[str, Any]:
@@ -127,9 +127,12 @@ def execute_run(task: tuple[str, str, str, dict[str, Any], str]) -> dict[str, An
     notebook, out, name, params, cwd = task
     out_dir = Path(out)
     attempts = int(read_state(out_dir).get("attempts", 0)) + 1
-    if out_dir.exists():  # outputs of an earlier attempt (e.g. a stale metrics.json) must not survive
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not (out_dir / "run.json").exists():  # never delete a directory this batch did not make
+            return {"name": name, "params": params, "status": "failed", "attempts": attempts,
+                    "error": f"{out_dir} exists and is not a batch run directory; move it away", "failed_cell": None}
+        shutil.rmtree(out_dir)  # outputs of an earlier attempt (e.g. a stale metrics.json) must not survive
+    out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     state: dict[str, Any] = {"name": name, "params": params, "status": "running", "attempts": attempts,
                              "started_at": _iso(started), "pid": os.getpid()}

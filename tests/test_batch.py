@@ -109,6 +109,14 @@ def test_one_batch_at_a_time_per_run_dir(tmp_path):
     assert not (tmp_path / "run" / "x=1").exists()
 
 
+def test_a_directory_the_batch_did_not_make_is_never_deleted(tmp_path):
+    (tmp_path / "run" / "x=1").mkdir(parents=True)
+    (tmp_path / "run" / "x=1" / "precious.txt").write_text("mine")
+    result = run_batch(PROBE, write_grid(tmp_path / "g.yaml", {"sweep": {"x": [1]}}), tmp_path / "run", progress=False)
+    assert result.failed == ["x=1"] and "not a batch run directory" in result.errors["x=1"]
+    assert (tmp_path / "run" / "x=1" / "precious.txt").read_text() == "mine"
+
+
 # ---- the summary (from run states on disk; no notebook executed) ----
 
 def test_summary_has_a_row_per_planned_run_whatever_its_state_and_any_metrics_fit_parquet(tmp_path):
