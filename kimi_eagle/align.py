@@ -5,8 +5,10 @@ is a list of :class:`Hunk` — maximal token runs that differ — each with its 
 ranges on both sides. Everything works on token bytes; nothing is decoded (many tokens are
 partial UTF-8).
 
+* Identical leading and trailing tokens are cut off first (vectorised comparisons); only the
+  middle is aligned, so a local difference costs little however long the record is.
 * Where the bytes agree, hunks are the runs between *common boundaries* — byte offsets at which
-  both sequences have a token boundary — whose tokens differ (linear time, vectorised).
+  both sequences have a token boundary — whose tokens differ (one linear merge).
 * Where the bytes differ, a byte-level diff finds the edits: common prefix and suffix are cut
   off, the middle is diffed by word-sized chunks (``difflib.SequenceMatcher``), and replaced
   chunk runs are refined byte by byte. The equal byte blocks it finds give the common
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 import re
 import weakref
-from dataclasses import dataclass
+from array import array
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
+from functools import cached_property
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -27,6 +33,7 @@ from .tokenizer import Tokenizer
 # Word-sized chunks for the coarse byte diff: runs of word bytes, whitespace, or single others.
 _CHUNK = re.compile(rb"[A-Za-z0-9_\x80-\xff]+|\s+|.", re.DOTALL)
 REFINE_MAX_BYTES = 4_000  # replaced chunk runs up to this size (each side) are refined byte by byte
+TINY_MIDDLE = 2  # after the common prefix and suffix, a side this short is not searched for matches
 
 
 class AlignError(ValueError):
@@ -61,25 +68,39 @@ class Hunk:
 class Alignment:
     a: list[int]
     b: list[int]
-    a_bytes: bytes
-    b_bytes: bytes
-    a_offsets: np.ndarray  # len(a) + 1 byte offsets: token i spans a_offsets[i]:a_offsets[i+1]
-    b_offsets: np.ndarray
     hunks: list[Hunk]
+    table: list[bytes] = field(repr=False, default_factory=list)  # token bytes by ID
 
     @property
     def exact(self) -> bool:
         return not self.hunks
+
+    @cached_property
+    def a_bytes(self) -> bytes:
+        return b"".join(map(self.table.__getitem__, self.a))
+
+    @cached_property
+    def b_bytes(self) -> bytes:
+        return b"".join(map(self.table.__getitem__, self.b))
+
+    @cached_property
+    def a_offsets(self) -> list[int]:
+        """``len(a) + 1`` byte offsets: token i spans ``a_offsets[i]:a_offsets[i+1]``."""
+        return [0, *accumulate(map(len, map(self.table.__getitem__, self.a)))]
+
+    @cached_property
+    def b_offsets(self) -> list[int]:
+        return [0, *accumulate(map(len, map(self.table.__getitem__, self.b)))]
 
     @property
     def same_bytes(self) -> bool:
         return self.a_bytes == self.b_bytes
 
     def a_run_bytes(self, h: Hunk) -> bytes:
-        return self.a_bytes[h.a_byte_start : h.a_byte_end]
+        return b"".join(map(self.table.__getitem__, self.a[h.a_start : h.a_end]))
 
     def b_run_bytes(self, h: Hunk) -> bytes:
-        return self.b_bytes[h.b_byte_start : h.b_byte_end]
+        return b"".join(map(self.table.__getitem__, self.b[h.b_start : h.b_end]))
 
     def b_to_a_byte(self, pos: int, side: str = "start") -> int:
         """Map byte offset ``pos`` of ``b`` to ``a``.
@@ -104,9 +125,6 @@ class Alignment:
 # token bytes, cached per tokenizer
 
 _TABLES: "weakref.WeakKeyDictionary[object, tuple[list[bytes], np.ndarray]]" = weakref.WeakKeyDictionary()
-
-
-_SPECIAL_ARRAYS: "weakref.WeakKeyDictionary[object, np.ndarray]" = weakref.WeakKeyDictionary()
 
 
 def byte_table(tok: Tokenizer) -> tuple[list[bytes], np.ndarray]:
@@ -137,63 +155,77 @@ def check_ids(tok: Tokenizer, ids: Sequence[int], what: str = "ids") -> None:
             raise AlignError(f"{what}[{k}] = {i} is outside the vocabulary 0..{n - 1} of {tok.name}")
 
 
-def _bytes_and_offsets(tok: Tokenizer, ids: Sequence[int], what: str) -> tuple[bytes, np.ndarray, np.ndarray]:
-    table, lengths = byte_table(tok)
-    arr = np.asarray(ids, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() >= len(table)):
-        check_ids(tok, ids, what)
-    offsets = np.zeros(arr.size + 1, dtype=np.int64)
-    np.cumsum(lengths[arr], out=offsets[1:])
-    return b"".join(map(table.__getitem__, ids)), offsets, arr
-
-
 # --------------------------------------------------------------------------------------------
 # byte diff
 
 
 def _common_prefix(x: bytes, y: bytes) -> int:
+    """Length of the common prefix: galloping, then bisection, on slice comparisons (memcmp).
+
+    The cost grows with the answer, not with the lengths.
+    """
     n = min(len(x), len(y))
-    if n == 0:
-        return 0
-    ax = np.frombuffer(x, dtype=np.uint8, count=n)
-    ay = np.frombuffer(y, dtype=np.uint8, count=n)
-    diff = np.flatnonzero(ax != ay)
-    return int(diff[0]) if diff.size else n
+    lo, step = 0, 8  # x[:lo] == y[:lo]
+    while lo < n:
+        hi = min(n, lo + step)
+        if x[lo:hi] != y[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    while hi - lo > 1:  # x[lo:hi] differs somewhere
+        mid = (lo + hi) // 2
+        if x[lo:mid] == y[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _common_suffix(x: bytes, y: bytes, limit: int) -> int:
+    """Length of the common suffix, at most ``limit`` (same method as :func:`_common_prefix`)."""
     n = min(len(x), len(y), limit)
-    if n == 0:
-        return 0
-    ax = np.frombuffer(x, dtype=np.uint8)[len(x) - n :][::-1]
-    ay = np.frombuffer(y, dtype=np.uint8)[len(y) - n :][::-1]
-    diff = np.flatnonzero(ax != ay)
-    return int(diff[0]) if diff.size else n
+    nx, ny = len(x), len(y)
+    lo, step = 0, 8  # the last lo bytes agree
+    while lo < n:
+        hi = min(n, lo + step)
+        if x[nx - hi : nx - lo] != y[ny - hi : ny - lo]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if x[nx - mid : nx - lo] == y[ny - mid : ny - lo]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
-Atoms = tuple[np.ndarray, np.ndarray]  # (starts, ends) of byte spans kept whole (special tokens)
-_NO_ATOMS: Atoms = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+Atoms = tuple[list[int], list[int]]  # (starts, ends) of byte spans kept whole (special tokens)
+_NO_ATOMS: Atoms = ([], [])
 
 
 def _snap(pos: int, atoms: Atoms, down: bool) -> int:
     """Move ``pos`` out of any atom it falls strictly inside (to the atom's start or end)."""
     starts, ends = atoms
-    k = int(np.searchsorted(starts, pos, side="left")) - 1
+    k = bisect_left(starts, pos) - 1
     if k >= 0 and starts[k] < pos < ends[k]:
-        return int(starts[k] if down else ends[k])
+        return starts[k] if down else ends[k]
     return pos
 
 
-def _chunks(data: bytes, lo: int, hi: int, atoms: Atoms, fine: bool) -> tuple[list[bytes], np.ndarray]:
+def _chunks(data: bytes, lo: int, hi: int, atoms: Atoms, fine: bool) -> tuple[list[bytes], list[int]]:
     """``data[lo:hi]`` as chunks (single bytes if ``fine``, else word-sized), atoms kept whole.
 
     Returns the chunks and their ``len + 1`` absolute byte offsets.
     """
     starts, ends = atoms
-    k0, k1 = np.searchsorted(starts, lo, side="left"), np.searchsorted(starts, hi, side="left")
     out: list[bytes] = []
     pos = lo
-    for s, e in zip(starts[k0:k1].tolist(), ends[k0:k1].tolist()):
+    for k in range(bisect_left(starts, lo), bisect_left(starts, hi)):
+        s, e = starts[k], ends[k]
         if e > hi:
             break
         gap = data[pos:s]
@@ -202,10 +234,7 @@ def _chunks(data: bytes, lo: int, hi: int, atoms: Atoms, fine: bool) -> tuple[li
         pos = e
     gap = data[pos:hi]
     out.extend([gap[i : i + 1] for i in range(len(gap))] if fine else _CHUNK.findall(gap))
-    offsets = np.full(len(out) + 1, lo, dtype=np.int64)
-    np.cumsum([len(c) for c in out], out=offsets[1:])
-    offsets[1:] += lo
-    return out, offsets
+    return out, list(accumulate(map(len, out), initial=lo))
 
 
 def _matching(x: bytes, y: bytes, xr: tuple[int, int], yr: tuple[int, int], xa: Atoms, ya: Atoms,
@@ -215,7 +244,7 @@ def _matching(x: bytes, y: bytes, xr: tuple[int, int], yr: tuple[int, int], xa: 
     blocks: list[tuple[int, int, int]] = []
     sm = SequenceMatcher(None, cx, cy, autojunk=not fine)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        bx, ex, by, ey = int(ox[i1]), int(ox[i2]), int(oy[j1]), int(oy[j2])
+        bx, ex, by, ey = ox[i1], ox[i2], oy[j1], oy[j2]
         if tag == "equal":
             blocks.append((bx, by, ex - bx))
         elif tag == "replace" and not fine and ex - bx <= REFINE_MAX_BYTES and ey - by <= REFINE_MAX_BYTES:
@@ -235,7 +264,7 @@ def equal_byte_blocks(x: bytes, y: bytes, x_atoms: Atoms = _NO_ATOMS, y_atoms: A
     s = _common_suffix(x, y, min(len(x), len(y)) - p)
     s = min(len(x) - _snap(len(x) - s, x_atoms, down=False), len(y) - _snap(len(y) - s, y_atoms, down=False))
     blocks = [(0, 0, p)] if p else []
-    if p < len(x) - s and p < len(y) - s:
+    if min(len(x), len(y)) - s - p > TINY_MIDDLE:  # a tiny middle on either side holds no useful match
         blocks += _matching(x, y, (p, len(x) - s), (p, len(y) - s), x_atoms, y_atoms, fine=False)
     if s:
         blocks.append((len(x) - s, len(y) - s, s))
@@ -246,66 +275,81 @@ def equal_byte_blocks(x: bytes, y: bytes, x_atoms: Atoms = _NO_ATOMS, y_atoms: A
 # alignment
 
 
-def _anchors_in_block(a_off: np.ndarray, b_off: np.ndarray, i: int, j: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token-boundary index pairs at the same place inside the equal block ``a[i:i+n] == b[j:j+n]``."""
-    ai0, ai1 = np.searchsorted(a_off, i, side="left"), np.searchsorted(a_off, i + n, side="right")
-    bj0, bj1 = np.searchsorted(b_off, j, side="left"), np.searchsorted(b_off, j + n, side="right")
-    _, ia, ib = np.intersect1d(a_off[ai0:ai1] - i, b_off[bj0:bj1] - j, assume_unique=True, return_indices=True)
-    return ia + ai0, ib + bj0
+def _atoms(ids: list[int], offsets: list[int], specials: frozenset[int]) -> Atoms:
+    """Byte spans of the special tokens in ``ids``."""
+    if specials.isdisjoint(ids):
+        return _NO_ATOMS
+    where = [k for k, t in enumerate(ids) if t in specials]
+    return [offsets[k] for k in where], [offsets[k + 1] for k in where]
 
 
-def _atoms(tok: Tokenizer, arr: np.ndarray, offsets: np.ndarray) -> Atoms:
-    """Byte spans of the special tokens in ``arr``."""
-    where = np.flatnonzero(np.isin(arr, _special_array(tok)))
-    return offsets[where], offsets[where + 1]
+_SPECIAL_SETS: "weakref.WeakKeyDictionary[object, frozenset[int]]" = weakref.WeakKeyDictionary()
 
 
-def _special_array(tok: Tokenizer) -> np.ndarray:
+def _special_set(tok: Tokenizer) -> frozenset[int]:
     try:
-        return _SPECIAL_ARRAYS[tok]
+        return _SPECIAL_SETS[tok]
     except (KeyError, TypeError):
         pass
-    arr = np.array(sorted(special_ids(tok)), dtype=np.int64)
+    ids = special_ids(tok)
     try:
-        _SPECIAL_ARRAYS[tok] = arr
+        _SPECIAL_SETS[tok] = ids
     except TypeError:
         pass
-    return arr
+    return ids
+
+
+def _align_middle(table: list[bytes], specials: frozenset[int], a: list[int], b: list[int]) -> list[Hunk]:
+    """Hunks of ``a`` against ``b``, whose first tokens differ and whose ends are a common boundary."""
+    ao = [0, *accumulate(map(len, map(table.__getitem__, a)))]
+    bo = [0, *accumulate(map(len, map(table.__getitem__, b)))]
+    xa, xb = b"".join(map(table.__getitem__, a)), b"".join(map(table.__getitem__, b))
+    if xa == xb:
+        blocks = [(0, 0, len(xa))]
+    elif a and b:
+        blocks = equal_byte_blocks(xa, xb, _atoms(a, ao, specials), _atoms(b, bo, specials))
+    else:
+        blocks = []
+    b_index = {off: k for k, off in enumerate(bo)}
+    anchors = [(0, 0)]
+    for i, j, n in blocks:
+        for k in range(bisect_left(ao, i), bisect_right(ao, i + n)):
+            kb = b_index.get(ao[k] - i + j)
+            if kb is not None and (k, kb) != anchors[-1]:
+                anchors.append((k, kb))
+    if anchors[-1] != (len(a), len(b)):
+        anchors.append((len(a), len(b)))
+    hunks = []
+    for (a0, b0), (a1, b1) in zip(anchors, anchors[1:]):
+        if a1 - a0 == 1 and b1 - b0 == 1 and a[a0] == b[b0]:
+            continue
+        ab0, ab1, bb0, bb1 = ao[a0], ao[a1], bo[b0], bo[b1]
+        hunks.append(Hunk(a0, a1, b0, b1, ab0, ab1, bb0, bb1, xa[ab0:ab1] == xb[bb0:bb1]))
+    return hunks
 
 
 def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:
     """Align ``a`` (reference) and ``b`` (candidate); raises :class:`AlignError` on out-of-range IDs."""
     a, b = list(a), list(b)
-    a_bytes, a_off, a_arr = _bytes_and_offsets(tok, a, "a")
-    b_bytes, b_off, b_arr = _bytes_and_offsets(tok, b, "b")
+    table, lengths = byte_table(tok)
+    packed = []
+    for what, ids in (("a", a), ("b", b)):
+        try:
+            raw = array("Q", ids).tobytes()  # negative IDs raise OverflowError here
+        except (OverflowError, TypeError):
+            check_ids(tok, ids, what)
+            raise AlignError(f"{what}: IDs must be integers") from None
+        if ids and max(ids) >= len(table):
+            check_ids(tok, ids, what)
+        packed.append(raw)
     if a == b:
-        return Alignment(a, b, a_bytes, b_bytes, a_off, b_off, [])
-    if a_bytes == b_bytes:
-        blocks = [(0, 0, len(a_bytes))]
-    else:
-        blocks = equal_byte_blocks(a_bytes, b_bytes, _atoms(tok, a_arr, a_off), _atoms(tok, b_arr, b_off))
-    ia_parts, ib_parts = [np.array([0])], [np.array([0])]
-    for i, j, n in blocks:
-        ia, ib = _anchors_in_block(a_off, b_off, i, j, n)
-        ia_parts.append(ia)
-        ib_parts.append(ib)
-    ia_parts.append(np.array([len(a)]))
-    ib_parts.append(np.array([len(b)]))
-    ia, ib = np.concatenate(ia_parts), np.concatenate(ib_parts)
-    # keep a strictly increasing chain (blocks are ordered; drop repeats at block joins)
-    keep = np.ones(ia.size, dtype=bool)
-    keep[1:] = (np.diff(ia) > 0) | (np.diff(ib) > 0)
-    ia, ib = ia[keep], ib[keep]
-    mono = np.concatenate([[True], (np.diff(ia) >= 0) & (np.diff(ib) >= 0)])
-    if not mono.all():  # cannot happen with ordered blocks; guard anyway
-        raise AlignError("internal: non-monotone anchors")
-    da, db = np.diff(ia), np.diff(ib)
-    same_token = np.zeros(da.size, dtype=bool)
-    one = (da == 1) & (db == 1)
-    same_token[one] = a_arr[ia[:-1][one]] == b_arr[ib[:-1][one]]
-    hunks = []
-    for k in np.flatnonzero(~same_token):
-        a0, a1, b0, b1 = int(ia[k]), int(ia[k + 1]), int(ib[k]), int(ib[k + 1])
-        ab0, ab1, bb0, bb1 = int(a_off[a0]), int(a_off[a1]), int(b_off[b0]), int(b_off[b1])
-        hunks.append(Hunk(a0, a1, b0, b1, ab0, ab1, bb0, bb1, a_bytes[ab0:ab1] == b_bytes[bb0:bb1]))
-    return Alignment(a, b, a_bytes, b_bytes, a_off, b_off, hunks)
+        return Alignment(a, b, [], table)
+    # common prefix/suffix in tokens, compared as packed 8-byte integers (memcmp)
+    pa, pb = packed
+    p = _common_prefix(pa, pb) // 8
+    s = _common_suffix(pa, pb, 8 * (min(len(a), len(b)) - p)) // 8
+    base = int(lengths[np.frombuffer(pa, dtype=np.uint64, count=p)].sum()) if p else 0
+    middle = _align_middle(table, _special_set(tok), a[p : len(a) - s], b[p : len(b) - s])
+    hunks = [Hunk(h.a_start + p, h.a_end + p, h.b_start + p, h.b_end + p, h.a_byte_start + base, h.a_byte_end + base,
+                  h.b_byte_start + base, h.b_byte_end + base, h.same_bytes) for h in middle]
+    return Alignment(a, b, hunks, table)

@@ -29,7 +29,7 @@ import json
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .align import Alignment, Hunk, align
 from .tokenizer import Tokenizer
@@ -125,8 +125,14 @@ def _segment_kinds(segments: Sequence[Mapping[str, Any]], start: int, end: int) 
     return kinds
 
 
-def _ordinary_bytes(tok: Tokenizer, ids: Iterable[int], specials: frozenset[int]) -> bytes:
-    return b"".join(tok.token_bytes(i) for i in ids if i not in specials)
+def _ordinary_bytes(table: list[bytes], ids: Sequence[int], specials: frozenset[int]) -> bytes:
+    if specials.isdisjoint(ids):
+        return b"".join(map(table.__getitem__, ids))
+    return b"".join(table[i] for i in ids if i not in specials)
+
+
+def _special_counts(ids: Sequence[int], specials: frozenset[int]) -> Counter:
+    return Counter() if specials.isdisjoint(ids) else Counter(i for i in ids if i in specials)
 
 
 def _json_equal(x: bytes, y: bytes) -> bool:
@@ -142,13 +148,13 @@ def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence
     a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
     xa, xb = al.a_run_bytes(h), al.b_run_bytes(h)
     if xa != xb and h.a_end == len(al.a) and h.b_end == len(al.b):
-        oa, ob = _ordinary_bytes(tok, a_run, specials), _ordinary_bytes(tok, b_run, specials)
+        oa, ob = _ordinary_bytes(al.table, a_run, specials), _ordinary_bytes(al.table, b_run, specials)
         short, long_ = sorted((oa, ob), key=len)
         if len(short) < len(long_) and long_.startswith(short):
             return "truncation"
     if xa != xb and xa.decode("utf-8", errors="replace") == xb.decode("utf-8", errors="replace"):
         return "replacement_char"
-    if Counter(i for i in a_run if i in specials) != Counter(i for i in b_run if i in specials):
+    if _special_counts(a_run, specials) != _special_counts(b_run, specials):
         return "special_token"
     if xa.translate(None, _WS) == xb.translate(None, _WS):
         return "whitespace"
@@ -169,19 +175,19 @@ def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence
 def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping[str, Any]] = ()) -> RecordVerdict:
     """Verdict for an alignment of engine IDs (``a``) against reconstructed IDs (``b``)."""
     specials, _ = _specials(tok)
-    segments = sorted(segments, key=lambda s: (int(s["byte_start"]), int(s["byte_end"])))
     hunks: list[HunkVerdict] = []
     for h in al.hunks:
         a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
         kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
         segment = "+".join(kinds)
-        same_specials = Counter(i for i in a_run if i in specials) == Counter(i for i in b_run if i in specials)
+        same_specials = _special_counts(a_run, specials) == _special_counts(b_run, specials)
         if h.same_bytes and same_specials:
             hunks.append(HunkVerdict(h, "split", None, segment, is_canonical(tok, a_run, al.a_run_bytes(h)),
                                      is_canonical(tok, b_run, al.b_run_bytes(h))))
         else:
             hunks.append(HunkVerdict(h, "semantic", semantic_subclass(tok, al, h, segments), segment, None, None))
-    subclasses = [c for c in SUBCLASSES if any(hv.subclass == c for hv in hunks)]
+    present = {hv.subclass for hv in hunks}
+    subclasses = [c for c in SUBCLASSES if c in present]
     if not hunks:
         verdict, label = "exact", "exact"
     elif not subclasses:

@@ -46,7 +46,7 @@ def test_identical_sequences_have_no_hunks(kimi):
     al = align(kimi, ids, list(ids))
     assert al.exact and al.hunks == []
     assert al.a_bytes == TEXT.encode()
-    assert list(al.a_offsets[[0, -1]]) == [0, len(TEXT.encode())]
+    assert (al.a_offsets[0], al.a_offsets[-1], len(al.a_offsets)) == (0, len(TEXT.encode()), len(ids) + 1)
 
 
 def test_a_token_split_in_two_is_one_same_bytes_hunk(kimi):
@@ -142,3 +142,16 @@ def test_random_splits_and_edits_keep_the_invariants(kimi, seed, n_splits, n_edi
     check_invariants(kimi, al)
     if al.a_bytes == al.b_bytes:
         assert all(h.same_bytes for h in al.hunks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.binary(max_size=80), tail_x=st.binary(max_size=12), tail_y=st.binary(max_size=12), limit=st.integers(0, 120))
+def test_common_prefix_and_suffix_helpers_agree_with_a_plain_scan(x, tail_x, tail_y, limit):
+    from kimi_eagle.align import _common_prefix, _common_suffix
+
+    a, b = x + tail_x, x + tail_y
+    n = min(len(a), len(b))
+    assert _common_prefix(a, b) == next((i for i in range(n) if a[i] != b[i]), n)
+    a, b = tail_x + x, tail_y + x
+    n = min(len(a), len(b))
+    assert _common_suffix(a, b, limit) == min(limit, next((i for i in range(n) if a[-1 - i] != b[-1 - i]), n))
