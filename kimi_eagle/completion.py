@@ -49,6 +49,9 @@ def content(kind: str, text: str) -> Segment:
     return Segment(kind, ((text, CONTENT),))
 
 
+SPAN_FIELDS = ("kind", "byte_start", "byte_end", "tok_start", "tok_end")
+
+
 class Span(NamedTuple):
     """A segment's place in the completion: bytes of the completion string, indexes into its IDs."""
 
@@ -239,9 +242,14 @@ class PieceEncoder:
 
     def encode(self, pieces: Iterable[Piece], continuation: bool = False) -> list[int]:
         """IDs of the joined pieces (plain runs encoded whole, specials by ID)."""
+        return self.encode_marked(pieces, continuation)[0]
+
+    def encode_marked(self, pieces: Iterable[Piece], continuation: bool = False) -> tuple[list[int], bool]:
+        """``encode``, plus whether any ``CONTENT`` piece spells a special token."""
         ids: list[int] = []
         buf: list[str] = []
-        special_ids = self.special_ids
+        special_ids, encode_text, has_marker = self.special_ids, self.encode_text, self.has_marker
+        marker = False
         for text, kind in pieces:
             if kind == SPECIAL:
                 sid = special_ids.get(text)
@@ -249,16 +257,18 @@ class PieceEncoder:
                     if buf:
                         run = "".join(buf) if len(buf) > 1 else buf[0]
                         if run:
-                            ids += self.encode_text(run, continuation)
+                            ids += encode_text(run, continuation)
                         buf = []
                     ids.append(sid)
                     continue
+            elif kind == CONTENT and not marker:
+                marker = has_marker(text)
             buf.append(text)
         if buf:
             run = "".join(buf)
             if run:
-                ids += self.encode_text(run, continuation)
-        return ids
+                ids += encode_text(run, continuation)
+        return ids, marker
 
     def _encode_single_piece_segments(self, segments: Sequence[Segment],
                                       continuation: bool) -> tuple[list[int], list[Span]] | None:

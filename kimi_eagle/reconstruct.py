@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .completion import CONTENT, CompletionOptions, PieceEncoder, ToolCall, Turn, check_text
+from .completion import CONTENT, SPAN_FIELDS, MAX_TEXT_CHARS, CompletionOptions, PieceEncoder, ToolCall, Turn, check_text
 from .formats import FORMATS, TOOL_DECLARATIONS, Format, get_format
 from .records import RecordError
 from .tokenizer import Tokenizer, load_tokenizer
@@ -131,21 +131,21 @@ def normalise_messages(messages: Any) -> list[dict]:
         raise RecordError("request.messages is not a list")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RecordError(f"request.messages[{i}] is not a message with a role")
-        if m["role"] not in ROLES:
-            raise RecordError(f"request.messages[{i}] has unknown role {m['role']!r}")
+        role = m.get("role") if type(m) is dict else None
+        if role not in ROLES:
+            raise RecordError(f"request.messages[{i}] is not a message with a known role ({role!r})")
         c = m.get("content")
-        if c is not None and not isinstance(c, (str, list)):
-            raise RecordError(f"request.messages[{i}].content is a {type(c).__name__}")
-        if isinstance(c, list) and not all(isinstance(p, dict) for p in c):
-            raise RecordError(f"request.messages[{i}].content has a part that is not an object")
-        if isinstance(c, str):
-            check_text(c, f"request.messages[{i}].content")
-        for j, call in enumerate(m.get("tool_calls") or []):
-            if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
-                raise RecordError(f"request.messages[{i}].tool_calls[{j}] has no function name")
-        if m["role"] == "assistant" and "reasoning_content" not in m and isinstance(m.get("reasoning"), str):
+        if type(c) is str:
+            if not c.isascii() or len(c) > MAX_TEXT_CHARS:  # ASCII cannot hold a lone surrogate
+                check_text(c, f"request.messages[{i}].content")
+        elif c is not None and not (isinstance(c, list) and all(isinstance(p, dict) for p in c)):
+            raise RecordError(f"request.messages[{i}].content is neither a string nor a list of parts")
+        calls = m.get("tool_calls")
+        if calls:
+            for j, call in enumerate(calls):
+                if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
+                    raise RecordError(f"request.messages[{i}].tool_calls[{j}] has no function name")
+        if role == "assistant" and "reasoning_content" not in m and isinstance(m.get("reasoning"), str):
             m = {**m, "reasoning_content": m["reasoning"]}
         out.append(m)
     return out
@@ -189,9 +189,9 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
         prompt_pieces = fmt.prompt_pieces(messages, tools)
     except (KeyError, TypeError, AttributeError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
-    if any(enc.has_marker(text) for text, kind in prompt_pieces if kind == CONTENT):
+    prompt_ids, prompt_marker = enc.encode_marked(prompt_pieces)
+    if prompt_marker:
         flags.append("prompt_literal_marker")
-    prompt_ids = enc.encode(prompt_pieces)
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
     if any(enc.has_marker(text) for seg in segments for text, kind in seg.pieces if kind == CONTENT):
         flags.append("literal_marker")
@@ -205,7 +205,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
         status="ok", error=None, format=fmt.name,
         prompt_ids=prompt_ids, completion_ids=completion_ids,
         n_prompt_tokens=len(prompt_ids), n_completion_tokens=len(completion_ids),
-        segments=[s.to_dict() for s in spans], flags=flags, finish_reason=turn.finish_reason,
+        segments=[dict(zip(SPAN_FIELDS, s)) for s in spans], flags=flags, finish_reason=turn.finish_reason,
         billed_completion_tokens=_opt_int(usage.get("completion_tokens")),
         billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")),
         provider=provider if isinstance(provider, str) else None,
@@ -335,42 +335,65 @@ def _manifest(in_path: Path, tokenizer_dir: str, format_name: str, tool_declarat
             "format": format_name, "tool_declaration": tool_declaration, "options": asdict(options), "shard_size": shard_size}
 
 
-def _mark_duplicates(table: "Any") -> "Any":
-    """Turn every repeat of an earlier id into an error row (the first occurrence stays)."""
+def _mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
+    """Turn every repeat of an id in ``first`` (id -> line, updated) into an error row."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    first: dict[str, int] = {}
-    dup = []
+    dups = set()
     for k, (rid, lineno) in enumerate(zip(table.column("id").to_pylist(), table.column("line").to_pylist())):
         if rid in first:
-            dup.append(k)
+            dups.add(k)
         else:
             first[rid] = lineno
-    if not dup:
+    if not dups:
         return table
-    dups = set(dup)
-    mask = pa.array([k in dups for k in range(table.num_rows)])
-    rows = table.filter(mask).to_pylist()
-    for row in rows:
+    rows = table.to_pylist()
+    for k in dups:
+        row = rows[k]
         row.update(status="error", error=f"duplicate id {row['id']!r} (first at line {first[row['id']]})", prompt_ids=[],
                    completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[])
-    fixed = pa.Table.from_pylist(rows, schema=table.schema)
-    return pa.concat_tables([table.filter(pc.invert(mask)), fixed]).sort_by("line")
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+class _Merger:
+    """Streams finished shards, in order, into the final parquet (overlapping the workers)."""
+
+    def __init__(self, parts: Path, out_path: Path) -> None:
+        import pyarrow.parquet as pq
+
+        self.parts, self.out_path = parts, out_path
+        self.tmp = out_path.with_name(out_path.name + f".tmp{os.getpid()}")
+        self.writer = pq.ParquetWriter(self.tmp, _schema())
+        self.first: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, k: int) -> None:
+        import pyarrow.parquet as pq
+
+        table = _mark_duplicates(pq.read_table(self.parts / f"shard-{k:06d}.parquet", schema=_schema()), self.first)
+        self.writer.write_table(table)
+        for status in table.column("status").to_pylist():
+            self.counts[status] = self.counts.get(status, 0) + 1
+
+    def finish(self) -> dict[str, int]:
+        self.writer.close()
+        os.replace(self.tmp, self.out_path)
+        return self.counts
 
 
 def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
                      format_name: str, workers: int = 1, resume: bool = False,
                      options: CompletionOptions = ReconstructOptions(), shard_size: int = 256,
-                     progress: bool = True, tool_declaration: str = "json") -> dict[str, int]:
+                     progress: bool = True, tool_declaration: str = "json",
+                     tokenizer: Tokenizer | None = None) -> dict[str, int]:
     """Reconstruct every record of ``in_path`` into ``out_path`` (parquet); returns status counts.
 
     Exactly one row per non-blank input line, in input order. Shards go to ``OUT.parts/`` (atomic
     writes); with ``resume`` the finished shards of an interrupted run with the same input and
-    settings are kept, so a killed run resumed equals an uninterrupted one.
+    settings are kept, so a killed run resumed equals an uninterrupted one. Finished shards are
+    streamed into the output in order while workers go on; the output appears atomically at the end.
+    ``tokenizer``: an already loaded tokenizer of ``tokenizer_dir`` (saves loading it again).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from tqdm import tqdm
 
     in_path, out_path = Path(in_path), Path(out_path)
@@ -393,18 +416,26 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
             shutil.rmtree(parts)
         parts.mkdir(parents=True)
         mpath.write_text(json.dumps(manifest, indent=1))
-    for stale in parts.glob("*.tmp*"):
-        stale.unlink()
+    for stale in [*parts.glob("*.tmp*"), *out_path.parent.glob(out_path.name + ".tmp*")]:
+        stale.unlink()  # left by an interrupted write
     done = {int(p.stem.split("-")[1]) for p in parts.glob("shard-*.parquet")}
     n_shards = (n_lines + shard_size - 1) // shard_size
     jobs = (job for job in _shards(in_path, shard_size) if job[0] not in done)
     bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not progress, file=sys.stderr)
-    bar.update(sum(min(shard_size, n_lines - k * shard_size) for k in done))
-    tok = load_tokenizer(tokenizer_dir)
+    tok = tokenizer or load_tokenizer(tokenizer_dir)
+    merger = _Merger(parts, out_path)
+
+    def consume(results: Iterator[tuple[int, int]]) -> None:
+        for k in range(n_shards):
+            if k not in done:
+                got, _ = next(results)
+                assert got == k, (got, k)
+            merger.add(k)
+            bar.update(min(shard_size, n_lines - k * shard_size))
+
     if workers <= 1:
         _init_worker(str(tokenizer_dir), format_name, tool_declaration, options, str(parts), tok)
-        for _, n in map(_run_shard, jobs):
-            bar.update(n)
+        consume(map(_run_shard, jobs))
     else:
         import multiprocessing as mp
 
@@ -412,18 +443,10 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
         init_tok = tok if ctx.get_start_method() == "fork" else None
         init_args = (str(tokenizer_dir), format_name, tool_declaration, options, str(parts), init_tok)
         with ctx.Pool(workers, _init_worker, init_args) as pool:
-            for _, n in pool.imap_unordered(_run_shard, jobs):
-                bar.update(n)
+            consume(pool.imap(_run_shard, jobs))
     bar.close()
-    files = sorted(parts.glob("shard-*.parquet"))
-    if len(files) != n_shards:
-        raise RuntimeError(f"{parts}: expected {n_shards} shards, found {len(files)}")
-    table = _mark_duplicates(pa.concat_tables([pq.read_table(f, schema=_schema()) for f in files]).sort_by("line"))
-    _write_table_atomic(table, out_path)
+    counts = merger.finish()
     shutil.rmtree(parts)
-    counts: dict[str, int] = {}
-    for status in table.column("status").to_pylist():
-        counts[status] = counts.get(status, 0) + 1
     return counts
 
 
