@@ -4,7 +4,7 @@ Workload: the labelled benchmark of ``kimi-eagle simulate`` (real converted conv
 injected effect per record: 20% identical, 80% differing) — engine IDs against reconstructed IDs
 with their segments. Baseline: ``KimiTokenizer.encode`` of the same completion texts.
 Prints both times and the ratio diff / encode (target <= 0.5), best of interleaved repeats.
-Usage: python bench/diff.py [--per-effect 40] [--repeats 5]
+Usage: python bench/diff.py [--per-effect 40] [--repeats 5] [--source sharegpt ...]
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from kimi_eagle.simulate import load_source_records, simulate
 from kimi_eagle.tokenizer import KimiTokenizer, ids_to_bytes
 
 
-def workload(tok, per_effect: int, seed: int):
+def workload(tok, per_effect: int, seed: int, sources: list[str]):
     fmt = get_format("kimi-k2.5", tok)
-    samples = simulate(load_source_records(["glaive", "reason-tool-use", "sharegpt"]), tok, per_effect=per_effect, seed=seed)
+    samples = simulate(load_source_records(sources), tok, per_effect=per_effect, seed=seed)
     pairs, texts = [], []
     for s in samples:
         row = reconstruct_record(s.api, tok, fmt)
@@ -36,12 +36,14 @@ def main() -> None:
     p.add_argument("--per-effect", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--source", action="append", default=None,
+                   help="converted datasets (default glaive + reason-tool-use + sharegpt; sharegpt alone has longer texts)")
     args = p.parse_args()
     tok = KimiTokenizer.from_dir(kimi_dir())
     start = time.perf_counter()
     byte_table(tok)
     t_table = time.perf_counter() - start
-    pairs, texts = workload(tok, args.per_effect, args.seed)
+    pairs, texts = workload(tok, args.per_effect, args.seed, args.source or ["glaive", "reason-tool-use", "sharegpt"])
     mb = sum(len(t.encode()) for t in texts) / 1e6
     n_tokens = sum(len(b) for _, b, _ in pairs)
     classify(tok, *pairs[0])  # warm caches

@@ -40,7 +40,7 @@ class AlignError(ValueError):
     """The IDs cannot be aligned (e.g. an ID outside the tokenizer's vocabulary)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Hunk:
     """A maximal differing run: tokens ``a[a_start:a_end]`` against ``b[b_start:b_end]``.
 
@@ -348,8 +348,18 @@ def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:
     pa, pb = packed
     p = _common_prefix(pa, pb) // 8
     s = _common_suffix(pa, pb, 8 * (min(len(a), len(b)) - p)) // 8
-    base = int(lengths[np.frombuffer(pa, dtype=np.uint64, count=p)].sum()) if p else 0
+    if p < 4096:  # bytes before the middle (equal on both sides)
+        base = sum(map(len, map(table.__getitem__, a[:p])))
+    else:
+        base = int(lengths[np.frombuffer(pa, dtype=np.uint64, count=p)].sum())
     middle = _align_middle(table, _special_set(tok), a[p : len(a) - s], b[p : len(b) - s])
-    hunks = [Hunk(h.a_start + p, h.a_end + p, h.b_start + p, h.b_end + p, h.a_byte_start + base, h.a_byte_end + base,
-                  h.b_byte_start + base, h.b_byte_end + base, h.same_bytes) for h in middle]
-    return Alignment(a, b, hunks, table)
+    for h in middle:
+        h.a_start += p
+        h.a_end += p
+        h.b_start += p
+        h.b_end += p
+        h.a_byte_start += base
+        h.a_byte_end += base
+        h.b_byte_start += base
+        h.b_byte_end += base
+    return Alignment(a, b, middle, table)

@@ -180,7 +180,8 @@ def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping
         a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
         kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
         segment = "+".join(kinds)
-        same_specials = _special_counts(a_run, specials) == _special_counts(b_run, specials)
+        same_specials = (specials.isdisjoint(a_run) and specials.isdisjoint(b_run)) or (
+            _special_counts(a_run, specials) == _special_counts(b_run, specials))
         if h.same_bytes and same_specials:
             hunks.append(HunkVerdict(h, "split", None, segment, is_canonical(tok, a_run, al.a_run_bytes(h)),
                                      is_canonical(tok, b_run, al.b_run_bytes(h))))
