@@ -127,6 +127,21 @@ class DecodeResult:
         return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else float("nan")
 
 
+def verify(p: torch.Tensor, q: torch.Tensor, draft: int, generator: torch.Generator | None = None) -> tuple[int, bool]:
+    """Accept ``draft`` (drawn from ``q``) against the target's ``p``: ``(token, accepted)``.
+
+    Accepted with probability ``min(1, p/q)``; otherwise the token is drawn from ``norm(max(p - q, 0))``,
+    so the token is distributed exactly as ``p``. With one-hot ``p`` and ``q`` (greedy) this is
+    "accept iff the draft is the target's argmax, else take the argmax".
+    """
+    pd, qd = float(p[draft]), float(q[draft])
+    if pd >= qd or float(torch.rand(1, generator=generator)) < pd / qd:
+        return draft, True
+    residual = torch.clamp(p - q, min=0)
+    residual = residual if float(residual.sum()) > 0 else p  # p == q up to rounding
+    return int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), False
+
+
 @torch.inference_mode()
 def speculative_generate(target: Target, proposer: Proposer, prompt_ids: Sequence[int], max_new_tokens: int,
                          k: int = 4, temperature: float = 0.0, eos_id: int | None = None,
@@ -144,22 +159,11 @@ def speculative_generate(target: Target, proposer: Proposer, prompt_ids: Sequenc
         logits, aux = target(ids + drafts)
         accepted = 0
         for j, (d, q) in enumerate(zip(drafts, dists)):
-            p = probs_from_logits(logits[n - 1 + j], temperature)
-            if temperature <= 0:
-                ok = int(torch.argmax(p)) == d
-            else:
-                u = float(torch.rand(1, generator=generator))
-                ok = u < min(1.0, float(p[d]) / max(float(q[d]), 1e-30))
+            token, ok = verify(probs_from_logits(logits[n - 1 + j], temperature), q, d, generator)
+            ids.append(token)
             if not ok:
-                if temperature <= 0:
-                    ids.append(int(torch.argmax(p)))
-                else:
-                    residual = torch.clamp(p - q, min=0)
-                    residual = residual / residual.sum() if residual.sum() > 0 else p
-                    ids.append(int(torch.multinomial(residual, 1, generator=generator)))
                 break
             accepted += 1
-            ids.append(d)
             if d == eos_id:
                 break
         else:

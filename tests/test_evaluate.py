@@ -96,3 +96,26 @@ def test_cli_reports_tau_for_eagle_and_ngram(drafter, tmp_path, capsys):
         assert method["greedy"]["identical_to_target_greedy"] == "2/2"
         assert method["greedy"]["tau"] >= 1.0 and method["t=1"]["tokens"] > 0
     assert "tau=" in capsys.readouterr().out
+
+
+def test_verification_keeps_the_target_distribution():
+    """Accept-with-min(1, p/q), else resample from norm(max(p - q, 0)): tokens are distributed as p."""
+    from kimi_eagle.speculative import verify
+
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    q = torch.tensor([0.1, 0.6, 0.1, 0.2])
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    counts = torch.zeros(4)
+    accepted = 0
+    for _ in range(n):
+        d = int(torch.multinomial(q, 1, generator=g))
+        token, ok = verify(p, q, d, g)
+        counts[token] += 1
+        accepted += ok
+    assert torch.allclose(counts / n, p, atol=0.012)
+    assert accepted / n == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.012)  # 0.55
+    # greedy: one-hot p and q
+    onehot = lambda i: torch.nn.functional.one_hot(torch.tensor(i), 4).float()  # noqa: E731
+    assert verify(onehot(2), onehot(2), 2) == (2, True)
+    assert verify(onehot(2), onehot(1), 1) == (2, False)
