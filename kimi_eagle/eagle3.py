@@ -124,27 +124,27 @@ class Attention(nn.Module):
         else:
             cos, sin = cos[:, None], sin[:, None]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = self.n_heads // self.n_kv
-        scale = 1.0 / math.sqrt(self.head_dim)
+        rep, d = self.n_heads // self.n_kv, self.head_dim
         if past:
             k0, v0 = past[0]
-            cols = torch.arange(k0.shape[2])
             diag_k = [pk for pk, _ in past[1:]] + [k]
             diag_v = [pv for _, pv in past[1:]] + [v]
         else:
-            k0, v0, cols, diag_k, diag_v = k, v, torch.arange(s), [], []
-            q_cols = torch.arange(s)
-        k0r, v0r = k0.repeat_interleave(rep, 1), v0.repeat_interleave(rep, 1)
-        scores = [(q @ k0r.transpose(-1, -2)).float() * scale]  # [B,h,S,N]
-        scores[0] = scores[0].masked_fill(cols[None, :] > q_cols[:, None], float("-inf"))
-        for dk in diag_k:
-            scores.append(((q * dk.repeat_interleave(rep, 1)).sum(-1, keepdim=True)).float() * scale)  # [B,h,S,1]
-        probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(q.dtype)
+            k0, v0, diag_k, diag_v, q_cols = k, v, [], [], torch.arange(s)
         n = k0.shape[2]
-        out = probs[..., :n] @ v0r
-        for j, dv in enumerate(diag_v):
-            out = out + probs[..., n + j : n + j + 1] * dv.repeat_interleave(rep, 1)
-        out = out.transpose(1, 2).reshape(b, s, self.n_heads * self.head_dim)
+        # grouped-query attention without copying keys: query heads [kv, rep] share kv head `kv`
+        qg = (q * (1.0 / math.sqrt(d))).view(b, self.n_kv, rep, s, d)
+        scores = (qg @ k0.unsqueeze(2).transpose(-1, -2)).float()  # [B,kv,rep,S,N]
+        scores = scores.masked_fill(torch.arange(n)[None, :] > q_cols[:, None], float("-inf"))
+        if diag_k:
+            dk = torch.stack(diag_k, dim=-2).unsqueeze(2)  # [B,kv,1,S,j,d]
+            scores = torch.cat([scores, (qg.unsqueeze(-2) * dk).sum(-1).float()], dim=-1)  # + [B,kv,rep,S,j]
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = probs[..., :n] @ v0.unsqueeze(2)  # [B,kv,rep,S,d]
+        if diag_v:
+            dv = torch.stack(diag_v, dim=-2).unsqueeze(2)  # [B,kv,1,S,j,d]
+            out = out + (probs[..., n:].unsqueeze(-1) * dv).sum(-2)
+        out = out.reshape(b, self.n_heads, s, d).transpose(1, 2).reshape(b, s, self.n_heads * d)
         return self.o_proj(out), (k, v)
 
 

@@ -107,3 +107,44 @@ def test_sampled_proposals_live_in_the_draft_vocab(drafter, features):
     drafts, dists = drafter.propose(aux[:9], ids[1:10], 3, temperature=1.0, generator=g)
     for d, q in zip(drafts, dists):
         assert d < 100 and float(q.sum()) == pytest.approx(1.0) and float(q[100:].sum()) == 0.0
+
+
+def test_attention_matches_a_naive_reference(drafter):
+    """Step 0 is causal attention; at step k a query at t sees step-0 keys <= t plus its own position's
+    keys of steps 1..k (checked against a per-position loop with explicit key lists)."""
+    import torch.nn.functional as F
+
+    attn = drafter.midlayer.self_attn
+    g = torch.Generator().manual_seed(0)
+    b, t = 2, 7
+    xs = [torch.randn(b, t, 128, generator=g) for _ in range(3)]
+    pos = torch.arange(t)
+    with torch.no_grad():
+        out0, kv0 = attn(xs[0], pos, [], None)
+        out1, kv1 = attn(xs[1], pos + 1, [kv0], pos)
+        out2, _ = attn(xs[2], pos + 2, [kv0, kv1], pos)
+        # reference: repeat kv heads, loop over positions, softmax over the explicit key list
+        rep = attn.n_heads // attn.n_kv
+
+        def qkv(x, p):
+            from kimi_eagle.eagle3 import apply_rope, rope_cos_sin
+
+            cos, sin = rope_cos_sin(p, attn.head_dim, attn.theta)
+            q = apply_rope(attn.q_proj(x).view(b, t, attn.n_heads, -1).transpose(1, 2), cos, sin)
+            k = apply_rope(attn.k_proj(x).view(b, t, attn.n_kv, -1).transpose(1, 2), cos, sin)
+            v = attn.v_proj(x).view(b, t, attn.n_kv, -1).transpose(1, 2)
+            return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+
+        steps = [qkv(x, pos + i) for i, x in enumerate(xs)]
+        q0, k0, v0 = steps[0]
+        ref0 = F.scaled_dot_product_attention(q0, k0, v0, is_causal=True)
+        assert torch.allclose(out0, attn.o_proj(ref0.transpose(1, 2).reshape(b, t, -1)), atol=1e-5)
+        for step, out in ((1, out1), (2, out2)):
+            q = steps[step][0]
+            rows = []
+            for i in range(t):
+                keys = torch.cat([k0[:, :, : i + 1]] + [steps[j][1][:, :, i : i + 1] for j in range(1, step + 1)], 2)
+                vals = torch.cat([v0[:, :, : i + 1]] + [steps[j][2][:, :, i : i + 1] for j in range(1, step + 1)], 2)
+                rows.append(F.scaled_dot_product_attention(q[:, :, i : i + 1], keys, vals))
+            ref = torch.cat(rows, 2).transpose(1, 2).reshape(b, t, -1)
+            assert torch.allclose(out, attn.o_proj(ref), atol=1e-5)
