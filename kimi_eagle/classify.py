@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -131,8 +130,9 @@ def _ordinary_bytes(table: list[bytes], ids: Sequence[int], specials: frozenset[
     return b"".join(table[i] for i in ids if i not in specials)
 
 
-def _special_counts(ids: Sequence[int], specials: frozenset[int]) -> Counter:
-    return Counter() if specials.isdisjoint(ids) else Counter(i for i in ids if i in specials)
+def _special_counts(ids: Sequence[int], specials: frozenset[int]) -> list[int]:
+    """The special IDs in ``ids`` as a sorted list (a multiset)."""
+    return [] if specials.isdisjoint(ids) else sorted([i for i in ids if i in specials])
 
 
 def _json_equal(x: bytes, y: bytes) -> bool:
