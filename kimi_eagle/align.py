@@ -5,7 +5,7 @@ is a list of :class:`Hunk` — maximal token runs that differ — each with its 
 ranges on both sides. Everything works on token bytes; nothing is decoded (many tokens are
 partial UTF-8).
 
-* Identical leading and trailing tokens are cut off first (vectorised comparisons); only the
+* Identical leading and trailing tokens are cut off first (IDs packed to bytes, memcmp, galloping); only the
   middle is aligned, so a local difference costs little however long the record is.
 * Where the bytes agree, hunks are the runs between *common boundaries* — byte offsets at which
   both sequences have a token boundary — whose tokens differ (one linear merge).
