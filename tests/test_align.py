@@ -155,3 +155,16 @@ def test_common_prefix_and_suffix_helpers_agree_with_a_plain_scan(x, tail_x, tai
     a, b = tail_x + x, tail_y + x
     n = min(len(a), len(b))
     assert _common_suffix(a, b, limit) == min(limit, next((i for i in range(n) if a[-1 - i] != b[-1 - i]), n))
+
+
+def test_alignment_works_for_an_hf_byte_level_tokenizer(qwen3):
+    from kimi_eagle.classify import classify
+
+    text = "Tokenizer-agnostic: 世界 and spaces  here."
+    ids = qwen3.encode(text)
+    raw = qwen3.token_bytes(ids[0])
+    vocab = {qwen3.token_bytes(i): i for i in range(qwen3.n_ranks)}
+    cut = next(c for c in range(1, len(raw)) if raw[:c] in vocab and raw[c:] in vocab)
+    split = [vocab[raw[:cut]], vocab[raw[cut:]]] + ids[1:]
+    assert classify(qwen3, split, ids).verdict == "bpe_split"
+    assert classify(qwen3, ids, qwen3.encode(text.replace("here", "there"))).label == "other"
