@@ -15,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field
 import inspect
+from collections import OrderedDict
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from .records import RecordError
@@ -197,8 +198,8 @@ class PieceEncoder:
         self.tok = tok
         self.special_ids = {s.text: s.id for s in tok.special_tokens}
         self._marker = _marker_regex(self.special_ids)
-        self._cache: dict[bool, dict[str, list[int]]] = {False: {}, True: {}}
-        self._marks: dict[str, bool] = {}
+        self._cache: dict[bool, OrderedDict[str, list[int]]] = {False: OrderedDict(), True: OrderedDict()}
+        self._marks: OrderedDict[str, bool] = OrderedDict()
         self._cache_entries = cache_entries
         self._plain = _plain_encoder(tok)
         self._plain_cont = _plain_encoder(tok, continuation=True)
@@ -211,9 +212,9 @@ class PieceEncoder:
             self._remember(self._marks, text, found)
         return found
 
-    def _remember(self, cache: dict, key: str, value: Any) -> None:
+    def _remember(self, cache: OrderedDict, key: str, value: Any) -> None:
         if len(cache) >= self._cache_entries:  # evict the oldest: records arrive conversation by conversation
-            del cache[next(iter(cache))]
+            cache.popitem(last=False)
         cache[key] = value
 
     def encode_text(self, text: str, continuation: bool = False) -> list[int]:

@@ -90,7 +90,7 @@ def _content_k25(m: Message) -> list[Piece]:
             out += _MEDIA_K25
         elif kind in ("video", "video_url"):
             out += [("<|kimi_k25_video_placeholder|>", SPECIAL), ("\n", TEXT)]
-        elif part.get("text") is not None:
+        elif "text" in part:  # jinja prints a present None as "None", a missing key as ""
             out.append((_j(part["text"]), CONTENT))
     return out
 
@@ -103,7 +103,7 @@ def _content_k2(m: Message) -> list[Piece]:
     for part in c or ():
         if part.get("type") == "image" or "image" in part or "image_url" in part:
             out += _MEDIA_K2
-        elif part.get("text") is not None:
+        elif "text" in part:  # jinja prints a present None as "None", a missing key as ""
             out.append((_j(part["text"]), CONTENT))
     return out
 

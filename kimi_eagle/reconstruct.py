@@ -19,9 +19,10 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
-from .completion import CONTENT, SPAN_FIELDS, MAX_TEXT_CHARS, CompletionOptions, PieceEncoder, ToolCall, Turn, check_text
+from .completion import (CONTENT, MAX_TEXT_CHARS, SPAN_FIELDS, CompletionOptions, PieceEncoder, ToolCall, Turn,
+                         check_text)
 from .formats import FORMATS, TOOL_DECLARATIONS, Format, get_format
 from .records import RecordError
 from .tokenizer import Tokenizer, load_tokenizer

@@ -1,16 +1,14 @@
 """Completions: segments from API fields, whole-string encoding, spans that partition bytes and IDs."""
-import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_eagle.assets import stories_dir
 from kimi_eagle.completion import CompletionOptions, PieceEncoder, ToolCall, Turn, kimi_completion
 from kimi_eagle.formats import get_format
 from kimi_eagle.records import RecordError
 from kimi_eagle.reconstruct import ReconstructOptions, reconstruct_record
-from kimi_eagle.tokenizer import HFTokenizer, ids_to_bytes
+from kimi_eagle.tokenizer import ids_to_bytes
 
 MARKERS = ["</think>", "<think>", "<|im_end|>", "<|tool_call_begin|>", "<|im_", "|>", "[EOS]"]
 

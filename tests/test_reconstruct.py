@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 from kimi_eagle.assets import kimi_dir, stories_dir
 from kimi_eagle.convert import convert_file
 from kimi_eagle.reconstruct import read_rows, reconstruct_file
-from kimi_eagle.tokenizer import KimiTokenizer, ids_to_bytes
+from kimi_eagle.tokenizer import ids_to_bytes
 
 CONTRACT_COLUMNS = ["id", "dataset", "status", "error", "format", "prompt_ids", "completion_ids", "n_prompt_tokens",
                     "n_completion_tokens", "segments", "flags", "finish_reason", "billed_completion_tokens",

@@ -154,7 +154,8 @@ def test_k25_matches_transformers_own_renderer():
 words = st.lists(st.sampled_from(["a", " b", "\n", "  ", "é", "世", "<|im_end|>", "</think>", "{", "}", "\"", "None", ""]),
                  max_size=6).map("".join)
 parts = st.lists(st.one_of(
-    st.fixed_dictionaries({"type": st.just("text"), "text": words}),
+    st.fixed_dictionaries({"type": st.just("text"), "text": words | st.none()}),
+    st.fixed_dictionaries({"type": st.just("text")}),
     st.fixed_dictionaries({"type": st.sampled_from(["image", "image_url"]), "image_url": st.just({"url": "x"})}),
     st.fixed_dictionaries({"type": st.sampled_from(["video", "video_url"])}),
 ), max_size=3)
