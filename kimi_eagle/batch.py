@@ -197,8 +197,9 @@ def _preload() -> None:
 
 
 def _pool(n: int):
-    """Worker processes: forked (they inherit the imports) while this process has no other thread, else spawned."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1 else "spawn"
+    """Worker processes: on Linux forked while this process has no other thread (they inherit the imports),
+    else spawned."""
+    method = "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
     return multiprocessing.get_context(method).Pool(n, initializer=_worker_init)
 
 
