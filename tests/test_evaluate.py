@@ -105,7 +105,7 @@ def test_verification_keeps_the_target_distribution():
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])
     q = torch.tensor([0.1, 0.6, 0.1, 0.2])
     g = torch.Generator().manual_seed(0)
-    n = 20_000
+    n = 10_000
     counts = torch.zeros(4)
     accepted = 0
     for _ in range(n):
@@ -113,8 +113,8 @@ def test_verification_keeps_the_target_distribution():
         token, ok = verify(p, q, d, g)
         counts[token] += 1
         accepted += ok
-    assert torch.allclose(counts / n, p, atol=0.012)
-    assert accepted / n == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.012)  # 0.55
+    assert torch.allclose(counts / n, p, atol=0.015)
+    assert accepted / n == pytest.approx(float(torch.minimum(p, q).sum()), abs=0.015)  # 0.55
     # greedy: one-hot p and q
     onehot = lambda i: torch.nn.functional.one_hot(torch.tensor(i), 4).float()  # noqa: E731
     assert verify(onehot(2), onehot(2), 2) == (2, True)
