@@ -189,6 +189,7 @@ def test_grid_runs_in_parallel_failure_is_recorded_and_resume_reruns_only_the_fa
     assert len(df) == 4 and df.loc["broken", "attempts"] == 2 and df.loc["broken", "status"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_killed_batch_resumes_without_rerunning_finished_runs(tmp_path):
     """SIGTERM to the batch (it stops its workers), then SIGKILL to the whole process group mid-way:
     each time the finished runs stay finished, and --resume executes only the rest."""
