@@ -127,7 +127,7 @@ def _segment_kinds(segments: Sequence[Mapping[str, Any]], start: int, end: int) 
 def _ordinary_bytes(table: list[bytes], ids: Sequence[int], specials: frozenset[int]) -> bytes:
     if specials.isdisjoint(ids):
         return b"".join(map(table.__getitem__, ids))
-    return b"".join(table[i] for i in ids if i not in specials)
+    return b"".join([table[i] for i in ids if i not in specials])
 
 
 def _special_counts(ids: Sequence[int], specials: frozenset[int]) -> list[int]:
@@ -142,7 +142,8 @@ def _json_equal(x: bytes, y: bytes) -> bool:
         return False
 
 
-def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]]) -> str:
+def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]],
+                      json_cache: dict[tuple[int, int], bool] | None = None, kinds: list[str] | None = None) -> str:
     """The subclass of one hunk whose bytes (or special tokens) differ; see the module docstring."""
     specials, _ = _specials(tok)
     a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
@@ -158,7 +159,8 @@ def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence
         return "special_token"
     if xa.translate(None, _WS) == xb.translate(None, _WS):
         return "whitespace"
-    kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
+    if kinds is None:
+        kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
     if "tool_id" in kinds:
         return "tool_call_id"
     if kinds and set(kinds) == {"tool_args"}:
@@ -166,8 +168,11 @@ def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence
                 and h.b_byte_end <= int(s["byte_end"])]
         if args:
             bs, be = int(args[0]["byte_start"]), int(args[0]["byte_end"])
-            as_, ae = al.b_to_a_byte(bs, "start"), al.b_to_a_byte(be, "end")
-            if _json_equal(al.a_bytes[as_:ae], al.b_bytes[bs:be]):
+            cache = {} if json_cache is None else json_cache
+            if (bs, be) not in cache:  # one parse per arguments segment, however many hunks it holds
+                as_, ae = al.b_to_a_byte(bs, "start"), al.b_to_a_byte(be, "end")
+                cache[bs, be] = _json_equal(al.a_bytes[as_:ae], al.b_bytes[bs:be])
+            if cache[bs, be]:
                 return "tool_args_json_equal"
     return "other"
 
@@ -176,6 +181,7 @@ def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping
     """Verdict for an alignment of engine IDs (``a``) against reconstructed IDs (``b``)."""
     specials, _ = _specials(tok)
     hunks: list[HunkVerdict] = []
+    json_cache: dict[tuple[int, int], bool] = {}
     for h in al.hunks:
         a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
         kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
@@ -186,7 +192,8 @@ def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping
             hunks.append(HunkVerdict(h, "split", None, segment, is_canonical(tok, a_run, al.a_run_bytes(h)),
                                      is_canonical(tok, b_run, al.b_run_bytes(h))))
         else:
-            hunks.append(HunkVerdict(h, "semantic", semantic_subclass(tok, al, h, segments), segment, None, None))
+            hunks.append(HunkVerdict(h, "semantic", semantic_subclass(tok, al, h, segments, json_cache, kinds), segment,
+                                     None, None))
     present = {hv.subclass for hv in hunks}
     subclasses = [c for c in SUBCLASSES if c in present]
     if not hunks:
