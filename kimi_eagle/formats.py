@@ -66,11 +66,22 @@ def _j(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _role_header(m: Message) -> list[Piece]:
+def _opener(role: str) -> str:
+    return "<|im_user|>" if role == "user" else "<|im_assistant|>" if role == "assistant" else "<|im_system|>"
+
+
+_HEADERS = {role: ((_opener(role), SPECIAL), (role, TEXT), ("<|im_middle|>", SPECIAL))
+            for role in ("system", "user", "assistant", "tool")}
+_IM_END: Piece = ("<|im_end|>", SPECIAL)
+_EMPTY_THINK = (("<think>", SPECIAL), ("</think>", SPECIAL))
+
+
+def _role_header(m: Message) -> tuple[Piece, ...]:
     role = m["role"]
-    name = m.get("name") or role
-    opener = "<|im_user|>" if role == "user" else "<|im_assistant|>" if role == "assistant" else "<|im_system|>"
-    return [(opener, SPECIAL), (_j(name), TEXT), ("<|im_middle|>", SPECIAL)]
+    name = m.get("name")
+    if not name and role in _HEADERS:
+        return _HEADERS[role]
+    return ((_opener(role), SPECIAL), (_j(name or role), TEXT), ("<|im_middle|>", SPECIAL))
 
 
 _MEDIA_K25 = [("<|media_begin|>", SPECIAL), ("image", TEXT), ("<|media_content|>", SPECIAL),
@@ -158,7 +169,7 @@ class KimiK25:
             role = m["role"]
             if role == "assistant":
                 if i <= last or not self.thinking:
-                    out += [("<think>", SPECIAL), ("</think>", SPECIAL)]
+                    out += _EMPTY_THINK
                 else:
                     rc = m.get("reasoning_content", "")
                     out += [("<think>", SPECIAL), (_j(rc), CONTENT), ("</think>", SPECIAL)]
@@ -169,7 +180,7 @@ class KimiK25:
                 out += _tool_return(_j(m.get("tool_call_id", "")), _content_k25(m))
             elif m.get("content") is not None:
                 out += _content_k25(m)
-            out.append(("<|im_end|>", SPECIAL))
+            out.append(_IM_END)
         out += [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL), ("<think>", SPECIAL)]
         if not self.thinking:
             out.append(("</think>", SPECIAL))
