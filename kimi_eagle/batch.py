@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,7 +101,9 @@ def run_batch(notebook: str | Path, grid: Grid | str | Path, run_dir: str | Path
         _write_manifest(run_dir, notebook, grid)
         due = [r for r in grid.runs if not (resume and _is_done(run_dir / r.name, r))]
         skipped = [r.name for r in grid.runs if r not in due]
-        tasks = [(str(notebook), str(run_dir / r.name), r.name, r.params, str(cwd or os.getcwd())) for r in due]
+        batch_id = uuid.uuid4().hex  # marks the states this invocation writes
+        tasks = [(str(notebook), str(run_dir / r.name), r.name, r.params, str(cwd or os.getcwd()), batch_id)
+                 for r in due]
         _preload()
         stack.enter_context(_terminate_on_sigterm())
         # workers first (forked before any thread exists), then the bar; leaving the block terminates the workers
@@ -108,7 +111,7 @@ def run_batch(notebook: str | Path, grid: Grid | str | Path, run_dir: str | Path
         with _progress_bar(len(grid.runs), len(skipped), progress) as bar:
             from .batch_summary import write_summary  # pandas, matplotlib: imported while the workers run
 
-            for state in pool.imap_unordered(execute_run, tasks) if pool else ():
+            for state in _results(pool, tasks, run_dir, batch_id) if pool else ():
                 executed.append(state["name"])
                 if state["status"] != "ok":
                     errors[state["name"]] = state.get("error") or "unknown error"
@@ -118,13 +121,49 @@ def run_batch(notebook: str | Path, grid: Grid | str | Path, run_dir: str | Path
     return BatchResult(run_dir, executed, skipped, [r.name for r in grid.runs if r.name in errors], errors)
 
 
-def execute_run(task: tuple[str, str, str, dict[str, Any], str]) -> dict[str, Any]:
+def _results(pool, tasks: list[tuple], run_dir: Path, batch_id: str):
+    """The runs' final states as they finish. A run whose worker process died (its result will never come)
+    is recorded as failed rather than waited for."""
+    results = pool.imap_unordered(execute_run, tasks)
+    pending = {t[2] for t in tasks}
+    while pending:
+        try:
+            states = [results.next(timeout=1.0)]
+        except multiprocessing.TimeoutError:
+            states = [_worker_died(run_dir / name) for name in sorted(pending)
+                      if _orphaned(read_state(run_dir / name), batch_id)]
+        for state in states:
+            pending.discard(state["name"])
+            yield state
+
+
+def _orphaned(state: dict[str, Any], batch_id: str) -> bool:
+    if state.get("batch") != batch_id or state.get("status") != "running":
+        return False
+    try:
+        os.kill(int(state["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    return False
+
+
+def _worker_died(run_out: Path) -> dict[str, Any]:
+    state = read_state(run_out)
+    state.update(status="failed", error=f"the worker process (pid {state.get('pid')}) died during the run",
+                 failed_cell=None, finished_at=_iso(time.time()))
+    write_state(run_out, state)
+    return state
+
+
+def execute_run(task: tuple[str, str, str, dict[str, Any], str, str]) -> dict[str, Any]:
     """Worker: execute one run and record its state. Never raises for a notebook error."""
     from papermill.exceptions import PapermillExecutionError
 
     from .notebooks import execute
 
-    notebook, out, name, params, cwd = task
+    notebook, out, name, params, cwd, batch_id = task
     out_dir = Path(out)
     attempts = int(read_state(out_dir).get("attempts", 0)) + 1
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -135,7 +174,7 @@ def execute_run(task: tuple[str, str, str, dict[str, Any], str]) -> dict[str, An
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     state: dict[str, Any] = {"name": name, "params": params, "status": "running", "attempts": attempts,
-                             "started_at": _iso(started), "pid": os.getpid()}
+                             "started_at": _iso(started), "pid": os.getpid(), "batch": batch_id}
     write_state(out_dir, state)
     executed = out_dir / Path(notebook).name
     try:

@@ -189,6 +189,14 @@ def test_grid_runs_in_parallel_failure_is_recorded_and_resume_reruns_only_the_fa
     assert len(df) == 4 and df.loc["broken", "attempts"] == 2 and df.loc["broken", "status"] == "failed"
 
 
+def test_a_worker_that_dies_fails_its_run_and_the_batch_goes_on(tmp_path):
+    grid = write_grid(tmp_path / "g.yaml", {"runs": [{"_name": "dies", "kill_worker": True}, {"x": 1}, {"x": 2}]})
+    result = run_batch(PROBE, grid, tmp_path / "run", workers=2, progress=False)
+    assert result.failed == ["dies"] and "worker process" in result.errors["dies"]
+    df = pd.read_parquet(tmp_path / "run" / "summary.parquet")
+    assert df.status.tolist() == ["failed", "ok", "ok"]
+
+
 @pytest.mark.slow
 def test_a_killed_batch_resumes_without_rerunning_finished_runs(tmp_path):
     """SIGTERM to the batch (it stops its workers), then SIGKILL to the whole process group mid-way:
