@@ -28,7 +28,6 @@ from .records import RecordError
 from .tokenizer import Tokenizer, load_tokenizer
 
 FINISH_REASONS = ("stop", "tool_calls", "length")
-ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -133,8 +132,8 @@ def normalise_messages(messages: Any) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
         role = m.get("role") if type(m) is dict else None
-        if role not in ROLES:
-            raise RecordError(f"request.messages[{i}] is not a message with a known role ({role!r})")
+        if not isinstance(role, str) or not role:
+            raise RecordError(f"request.messages[{i}] is not a message with a role")
         c = m.get("content")
         if type(c) is str:
             if not c.isascii() or len(c) > MAX_TEXT_CHARS:  # ASCII cannot hold a lone surrogate
@@ -188,7 +187,9 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
     flags: list[str] = []
     try:
         prompt_pieces = fmt.prompt_pieces(messages, tools)
-    except (KeyError, TypeError, AttributeError) as e:
+    except RecordError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
     prompt_ids, prompt_marker = enc.encode_marked(prompt_pieces)
     if prompt_marker:
@@ -241,6 +242,8 @@ def reconstruct_line(raw: bytes, lineno: int, tok: Tokenizer, fmt: Format, optio
             row = reconstruct_record(record, tok, fmt, options)
         except RecordError as e:
             row = error_row(record_id(record, lineno), str(e), fmt.name, record)
+        except Exception as e:  # a record the checks did not foresee must not stop the run
+            row = error_row(record_id(record, lineno), f"unexpected {type(e).__name__}: {e}", fmt.name, record)
     d = row.to_dict()
     d["line"] = lineno
     return d

@@ -142,6 +142,17 @@ def test_bad_records_raise_clear_record_errors(kimi):
         reconstruct_record({"id": "a", "request": {"messages": []}, "response": {"choices": [{}]}}, kimi, fmt)
     with pytest.raises(RecordError, match="no string id"):
         reconstruct_record({"request": {"messages": []}}, kimi, fmt)
+    with pytest.raises(RecordError, match=r"messages\[1\] is not a message with a role"):
+        reconstruct_record(api_record({"content": "x"}, messages=[{"role": "user", "content": "a"}, {"content": "b"}]),
+                           kimi, fmt)
+    with pytest.raises(RecordError, match=r"messages\[0\].content is neither a string nor a list"):
+        reconstruct_record(api_record({"content": "x"}, messages=[{"role": "user", "content": 5}]), kimi, fmt)
+    bad_schema = api_record({"content": "x"})
+    bad_schema["request"]["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"description": "no type"}}}}}]
+    with pytest.raises(RecordError, match="cannot render the prompt: ValueError: unsupported JSON schema"):
+        reconstruct_record(bad_schema, kimi, get_format("kimi-k2.5", tool_declaration="ts"))
+    assert reconstruct_record(bad_schema, kimi, fmt).status == "ok"  # the JSON declaration takes any schema
 
 
 # ---------------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ tool_calls = st.lists(st.builds(lambda i, n, a: {"id": i, "type": "function", "f
 
 @st.composite
 def message(draw):
-    role = draw(st.sampled_from(["system", "user", "assistant", "tool"]))
+    role = draw(st.sampled_from(["system", "user", "assistant", "tool", "developer"]))
     m = {"role": role, "content": draw(contents)}
     if draw(st.booleans()) and role != "assistant":
         m["name"] = draw(st.sampled_from(["bob", "", "get_w"]))
