@@ -158,6 +158,9 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
             assert current.get_attribute("data-hunk", timeout=10_000) == str(expected - 1)
             assert "label <b>tool_args_json_equal</b>" in page.locator(".ke-inspector-view").inner_html(timeout=10_000)
 
+            news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's "notify about news?" toast
+            if news.count():
+                news.first.click(timeout=5_000)
             current.scroll_into_view_if_needed(timeout=10_000)
             shot = ARTIFACTS / "inspector.png"
             page.screenshot(path=str(shot), full_page=False, timeout=30_000)
