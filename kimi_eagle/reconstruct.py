@@ -295,23 +295,32 @@ def read_rows(path: str | os.PathLike) -> "Any":
 # Batch
 
 
-def _raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def _shard_starts(path: Path, shard_size: int) -> tuple[int, list[tuple[int, int]]]:
+    """Count the records and find where each shard starts: ``(n_records, [(byte offset, line number)])``."""
+    starts: list[tuple[int, int]] = []
+    n = offset = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if raw.strip():
-                yield lineno, raw
+                if n % shard_size == 0:
+                    starts.append((offset, lineno))
+                n += 1
+            offset += len(raw)
+    return n, starts
 
 
-def _shards(path: Path, shard_size: int) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
-    shard: list[tuple[int, bytes]] = []
-    k = 0
-    for item in _raw_lines(path):
-        shard.append(item)
-        if len(shard) == shard_size:
-            yield k, shard
-            k, shard = k + 1, []
-    if shard:
-        yield k, shard
+def _read_shard(path: Path, offset: int, lineno: int, shard_size: int) -> list[tuple[int, bytes]]:
+    """The ``shard_size`` records from ``offset`` (workers read their own lines: nothing big is pickled)."""
+    lines: list[tuple[int, bytes]] = []
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for raw in f:
+            if raw.strip():
+                lines.append((lineno, raw))
+                if len(lines) == shard_size:
+                    break
+            lineno += 1
+    return lines
 
 
 _W: dict[str, Any] = {}  # per-process worker state: tokenizer, format, options, parts dir
@@ -323,8 +332,9 @@ def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, op
     _W.update(tok=tok, fmt=get_format(format_name, tok, tool_declaration), options=options, parts=Path(parts))
 
 
-def _run_shard(job: tuple[int, list[tuple[int, bytes]]]) -> tuple[int, int]:
-    k, lines = job
+def _run_shard(job: tuple[int, str, int, int, int]) -> tuple[int, int]:
+    k, path, offset, lineno, shard_size = job
+    lines = _read_shard(Path(path), offset, lineno, shard_size)
     rows = [reconstruct_line(raw, lineno, _W["tok"], _W["fmt"], _W["options"]) for lineno, raw in lines]
     _write_atomic(rows, _W["parts"] / f"shard-{k:06d}.parquet")
     return k, len(rows)
@@ -405,7 +415,7 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
         raise FileNotFoundError(f"input not found: {in_path}")
     if format_name not in FORMATS:
         raise ValueError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
-    n_lines = sum(1 for _ in _raw_lines(in_path))
+    n_lines, starts = _shard_starts(in_path, shard_size)
     if n_lines == 0:
         raise ValueError(f"{in_path} is empty: no records to reconstruct")
     parts = out_path.with_name(out_path.name + ".parts")
@@ -424,7 +434,7 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
         stale.unlink()  # left by an interrupted write
     done = {int(p.stem.split("-")[1]) for p in parts.glob("shard-*.parquet")}
     n_shards = (n_lines + shard_size - 1) // shard_size
-    jobs = (job for job in _shards(in_path, shard_size) if job[0] not in done)
+    jobs = ((k, str(in_path), offset, lineno, shard_size) for k, (offset, lineno) in enumerate(starts) if k not in done)
     bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not progress, file=sys.stderr)
     tok = tokenizer or load_tokenizer(tokenizer_dir)
     merger = _Merger(parts, out_path)
