@@ -40,6 +40,17 @@ def test_the_server_states_its_plain_chat_format(server):
     assert card["bos_token_id"] == 1 and card["eos_token_ids"] == [2]
 
 
+def test_keep_alive_replies_are_not_delayed_by_nagle(server):
+    with httpx.Client(timeout=30) as client:
+        client.get(server.base_url + "/models")
+        times = []
+        for _ in range(10):  # reused connection: Nagle + delayed ACK would add ~40 ms to every reply
+            start = time.perf_counter()
+            client.get(server.base_url + "/models")
+            times.append(time.perf_counter() - start)
+    assert min(times) < 0.03
+
+
 def test_chat_completion_has_the_openrouter_shape_and_logs_the_sampled_ids(server, stories):
     messages = [{"role": "system", "content": "Once upon a time"}, {"role": "user", "content": ", there was"}]
     r = chat(server, messages, record_id="rec-1", temperature=1.0, seed=11, max_tokens=24)
