@@ -268,19 +268,36 @@ def _schema():
     ])
 
 
+ID_COLUMNS = ("prompt_ids", "completion_ids")
+
+
+def _int_lists(lists: list[list[int]]) -> "Any":
+    """A ``list<int32>`` column: one flat list converted by numpy (about twice pyarrow's nested conversion)."""
+    import numpy as np
+    import pyarrow as pa
+
+    flat: list[int] = []
+    offsets = np.zeros(len(lists) + 1, dtype=np.int32)
+    for k, ids in enumerate(lists):
+        flat += ids
+        offsets[k + 1] = len(flat)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.array(flat, dtype=np.int32)))
+
+
 def _write_atomic(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow as pa
 
     schema = _schema()
-    table = pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in schema}, schema=schema)
-    _write_table_atomic(table, path)
+    columns = {f.name: _int_lists([r[f.name] for r in rows]) if f.name in ID_COLUMNS
+               else pa.array([r[f.name] for r in rows], type=f.type) for f in schema}
+    _write_table_atomic(pa.table(columns, schema=schema), path)
 
 
 def _write_table_atomic(table: "Any", path: Path) -> None:
     import pyarrow.parquet as pq
 
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    pq.write_table(table, tmp)
+    pq.write_table(table, tmp, use_dictionary=False)
     os.replace(tmp, path)
 
 
@@ -377,7 +394,7 @@ class _Merger:
 
         self.parts, self.out_path = parts, out_path
         self.tmp = out_path.with_name(out_path.name + f".tmp{os.getpid()}")
-        self.writer = pq.ParquetWriter(self.tmp, _schema())
+        self.writer = pq.ParquetWriter(self.tmp, _schema(), use_dictionary=False)
         self.first: dict[str, int] = {}
         self.counts: dict[str, int] = {}
 
