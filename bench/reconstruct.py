@@ -23,7 +23,7 @@ from pathlib import Path
 
 import kimi_eagle.reconstruct as rc
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.completion import CONTENT, SPAN_FIELDS
+from kimi_eagle.completion import SPAN_FIELDS
 from kimi_eagle.convert import convert_file
 from kimi_eagle.formats import get_format
 from kimi_eagle.tokenizer import KimiTokenizer
@@ -66,8 +66,7 @@ def main() -> None:
         enc, options, n = rc._encoder(tok), rc.ReconstructOptions(), 0
         for r, history in zip(records, histories):
             segments, _ = fmt.completion_segments(rc.parse_turn(r["response"]), history, options)
-            any(enc.has_marker(t) for seg in segments for t, kind in seg.pieces if kind == CONTENT)
-            ids, spans = enc.encode_segments(segments)
+            ids, spans, _ = enc.encode_segments_marked(segments)
             [dict(zip(SPAN_FIELDS, s)) for s in spans]
             n += len(ids)
         return n

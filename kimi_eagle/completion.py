@@ -208,9 +208,12 @@ class PieceEncoder:
         """Does ``text`` spell any special token of the tokenizer? (cached)"""
         found = self._marks.get(text)
         if found is None:
-            found = self._marker is not None and any(m.group() in self.special_ids for m in self._marker.finditer(text))
+            found = self._scan(text)
             self._remember(self._marks, text, found)
         return found
+
+    def _scan(self, text: str) -> bool:
+        return self._marker is not None and any(m.group() in self.special_ids for m in self._marker.finditer(text))
 
     def _remember(self, cache: OrderedDict, key: str, value: Any) -> None:
         if len(cache) >= self._cache_entries:  # evict the oldest: records arrive conversation by conversation
@@ -219,12 +222,16 @@ class PieceEncoder:
 
     def encode_text(self, text: str, continuation: bool = False) -> list[int]:
         """IDs of plain text (special spellings stay text), cached."""
+        return self._run(text, continuation)[0]
+
+    def _run(self, text: str, continuation: bool) -> tuple[list[int], bool]:
+        """IDs of a plain run and whether it spells a special token, cached together."""
         cache = self._cache[continuation]
-        ids = cache.get(text)
-        if ids is None:
-            ids = (self._plain_cont if continuation else self._plain)(text)
-            self._remember(cache, text, ids)
-        return ids
+        hit = cache.get(text)
+        if hit is None:
+            hit = ((self._plain_cont if continuation else self._plain)(text), self._scan(text))
+            self._remember(cache, text, hit)
+        return hit
 
     def _runs(self, pieces: Iterable[Piece]) -> Iterable[tuple[str, int | None]]:
         """Yield ``(plain run, None)`` and ``(special text, id)`` in order."""
@@ -246,10 +253,10 @@ class PieceEncoder:
         return self.encode_marked(pieces, continuation)[0]
 
     def encode_marked(self, pieces: Iterable[Piece], continuation: bool = False) -> tuple[list[int], bool]:
-        """``encode``, plus whether any ``CONTENT`` piece spells a special token."""
+        """``encode``, plus whether any plain run spells a special token (so is kept as literal text)."""
         ids: list[int] = []
         buf: list[str] = []
-        special_ids, encode_text, has_marker = self.special_ids, self.encode_text, self.has_marker
+        special_ids, run_of = self.special_ids, self._run
         marker = False
         for text, kind in pieces:
             if kind == SPECIAL:
@@ -258,26 +265,28 @@ class PieceEncoder:
                     if buf:
                         run = "".join(buf) if len(buf) > 1 else buf[0]
                         if run:
-                            ids += encode_text(run, continuation)
+                            run_ids, found = run_of(run, continuation)
+                            ids += run_ids
+                            marker = marker or found
                         buf = []
                     ids.append(sid)
                     continue
-            elif kind == CONTENT and not marker:
-                marker = has_marker(text)
             buf.append(text)
         if buf:
             run = "".join(buf)
             if run:
-                ids += encode_text(run, continuation)
+                run_ids, found = run_of(run, continuation)
+                ids += run_ids
+                marker = marker or found
         return ids, marker
 
     def _encode_single_piece_segments(self, segments: Sequence[Segment],
-                                      continuation: bool) -> tuple[list[int], list[Span]] | None:
+                                      continuation: bool) -> tuple[list[int], list[Span], bool] | None:
         """The common case: one piece per segment and no two plain segments adjacent. None otherwise."""
         ids: list[int] = []
         spans: list[Span] = []
         byte_pos = 0
-        prev_plain = False
+        prev_plain = marker = False
         special_ids = self.special_ids
         for kind, pieces in segments:
             if len(pieces) != 1:
@@ -292,11 +301,13 @@ class PieceEncoder:
             elif text:
                 if prev_plain:
                     return None
-                ids += self.encode_text(text, continuation)
+                run_ids, found = self._run(text, continuation)
+                ids += run_ids
+                marker = marker or found
                 prev_plain = True
             spans.append(Span(kind, byte_pos, byte_pos + nb, start, len(ids)))
             byte_pos += nb
-        return ids, spans
+        return ids, spans, marker
 
     def encode_segments(self, segments: Sequence[Segment], continuation: bool = False) -> tuple[list[int], list[Span]]:
         """Encode the completion once; return its IDs and each segment's byte and token span.
@@ -304,9 +315,19 @@ class PieceEncoder:
         A plain run that crosses segment boundaries is encoded whole and cut at token byte
         boundaries; a boundary inside a token raises ValueError (formats place boundaries at specials).
         """
+        return self.encode_segments_marked(segments, continuation)[:2]
+
+    def encode_segments_marked(self, segments: Sequence[Segment],
+                               continuation: bool = False) -> tuple[list[int], list[Span], bool]:
+        """``encode_segments``, plus whether any plain text in the completion spells a special token."""
         fast = self._encode_single_piece_segments(segments, continuation)
         if fast is not None:
             return fast
+        marker = any(self.has_marker(t) for seg in segments for t, kind in seg.pieces if kind != SPECIAL)
+        return (*self._encode_segments_general(segments, continuation), marker)
+
+    def _encode_segments_general(self, segments: Sequence[Segment],
+                                 continuation: bool) -> tuple[list[int], list[Span]]:
         units = [(i, text, sid) for i, seg in enumerate(segments) for text, sid in self._runs(seg.pieces)]
         ids: list[int] = []
         u_tok: list[tuple[int, int]] = [(0, 0)] * len(units)

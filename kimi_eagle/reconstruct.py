@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .completion import (CONTENT, MAX_TEXT_CHARS, SPAN_FIELDS, CompletionOptions, PieceEncoder, ToolCall, Turn,
+from .completion import (MAX_TEXT_CHARS, SPAN_FIELDS, CompletionOptions, PieceEncoder, ToolCall, Turn,
                          check_text)
 from .formats import FORMATS, TOOL_DECLARATIONS, Format, get_format
 from .records import RecordError
@@ -195,10 +195,10 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
     if prompt_marker:
         flags.append("prompt_literal_marker")
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
-    if any(enc.has_marker(text) for seg in segments for text, kind in seg.pieces if kind == CONTENT):
+    completion_ids, spans, marker = enc.encode_segments_marked(segments, continuation=fmt.continuation)
+    if marker:
         flags.append("literal_marker")
     flags = seg_flags + flags
-    completion_ids, spans = enc.encode_segments(segments, continuation=fmt.continuation)
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     details = usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
     provider = response.get("provider")
