@@ -64,12 +64,31 @@ class Hunk:
         return (self.b_end - self.b_start) - (self.a_end - self.a_start)
 
 
+@dataclass(slots=True)
+class Middle:
+    """What :func:`align` built for the differing middle, kept so hunk bytes are slices, not joins.
+
+    IDs ``p .. p + len(a)`` of the engine side (``a``) and ``p .. p + len(b)`` of ``b``, whose bytes
+    ``xa``/``xb`` start at byte ``base`` of both sequences; ``ao``/``bo`` are their token offsets.
+    """
+
+    p: int
+    base: int
+    a: list[int]
+    b: list[int]
+    xa: bytes
+    xb: bytes
+    ao: list[int]
+    bo: list[int]
+
+
 @dataclass
 class Alignment:
     a: list[int]
     b: list[int]
     hunks: list[Hunk]
     table: list[bytes] = field(repr=False, default_factory=list)  # token bytes by ID
+    middle: Middle | None = field(repr=False, compare=False, default=None)
 
     @property
     def exact(self) -> bool:
@@ -97,10 +116,30 @@ class Alignment:
         return self.a_bytes == self.b_bytes
 
     def a_run_bytes(self, h: Hunk) -> bytes:
+        m = self.middle
+        if m is not None and m.p <= h.a_start <= h.a_end <= m.p + len(m.a):
+            return m.xa[m.ao[h.a_start - m.p] : m.ao[h.a_end - m.p]]
         return b"".join(map(self.table.__getitem__, self.a[h.a_start : h.a_end]))
 
     def b_run_bytes(self, h: Hunk) -> bytes:
+        m = self.middle
+        if m is not None and m.p <= h.b_start <= h.b_end <= m.p + len(m.b):
+            return m.xb[m.bo[h.b_start - m.p] : m.bo[h.b_end - m.p]]
         return b"".join(map(self.table.__getitem__, self.b[h.b_start : h.b_end]))
+
+    def a_slice(self, start: int, end: int) -> bytes:
+        """``a_bytes[start:end]``, without joining all of ``a`` when the range lies in the middle."""
+        m = self.middle
+        if m is not None and m.base <= start <= end <= m.base + len(m.xa):
+            return m.xa[start - m.base : end - m.base]
+        return self.a_bytes[start:end]
+
+    def b_slice(self, start: int, end: int) -> bytes:
+        """``b_bytes[start:end]`` (as :meth:`a_slice`)."""
+        m = self.middle
+        if m is not None and m.base <= start <= end <= m.base + len(m.xb):
+            return m.xb[start - m.base : end - m.base]
+        return self.b_bytes[start:end]
 
     def b_to_a_byte(self, pos: int, side: str = "start") -> int:
         """Map byte offset ``pos`` of ``b`` to ``a``.
@@ -124,22 +163,47 @@ class Alignment:
 # --------------------------------------------------------------------------------------------
 # token bytes, cached per tokenizer
 
-_TABLES: "weakref.WeakKeyDictionary[object, tuple[list[bytes], np.ndarray]]" = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True, slots=True)
+class Vocab:
+    """What alignment needs of a tokenizer, built once per tokenizer (see :func:`vocab`)."""
+
+    table: list[bytes]  # bytes of every ID
+    lengths: np.ndarray  # their lengths (int64), for long sums
+    lens: list[int]  # their lengths as a list, for short sums at C speed
+    specials: frozenset[int]  # IDs of the special/added tokens
+    plain: list[bytes]  # like ``table`` with every special token spelled b"" (ordinary bytes only)
+    has_empty: bool  # some token has no bytes (offsets are then not strictly increasing)
+
+
+_VOCABS: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
+
+
+def vocab(tok: Tokenizer) -> Vocab:
+    """The :class:`Vocab` of ``tok``, cached while ``tok`` lives (weak-referenceable tokenizers)."""
+    try:
+        return _VOCABS[tok]
+    except (KeyError, TypeError):
+        pass
+    table = [tok.token_bytes(i) for i in range(tok.n_vocab)]
+    lens = list(map(len, table))
+    specials = special_ids(tok)
+    plain = list(table)
+    for i in specials:
+        if 0 <= i < len(plain):
+            plain[i] = b""
+    v = Vocab(table, np.array(lens, dtype=np.int64), lens, specials, plain, 0 in lens)
+    try:
+        _VOCABS[tok] = v
+    except TypeError:  # not weak-referenceable: just don't cache
+        pass
+    return v
 
 
 def byte_table(tok: Tokenizer) -> tuple[list[bytes], np.ndarray]:
     """``(bytes of every ID, their lengths)`` for ``tok``, built once per tokenizer."""
-    try:
-        return _TABLES[tok]
-    except (KeyError, TypeError):
-        pass
-    table = [tok.token_bytes(i) for i in range(tok.n_vocab)]
-    entry = (table, np.fromiter(map(len, table), dtype=np.int64, count=len(table)))
-    try:
-        _TABLES[tok] = entry
-    except TypeError:  # not weak-referenceable: just don't cache
-        pass
-    return entry
+    v = vocab(tok)
+    return v.table, v.lengths
 
 
 def special_ids(tok: Tokenizer) -> frozenset[int]:
@@ -237,19 +301,100 @@ def _chunks(data: bytes, lo: int, hi: int, atoms: Atoms, fine: bool) -> tuple[li
     return out, list(accumulate(map(len, out), initial=lo))
 
 
+def _longest_match(sx: str | bytes, sy: str | bytes, alo: int, ahi: int, blo: int, bhi: int) -> tuple[int, int, int]:
+    """The longest block ``sx[i:i+k] == sy[j:j+k]`` inside the ranges; the earliest ``i``, then ``j``, on ties.
+
+    The contract of ``difflib.SequenceMatcher.find_longest_match`` without junk, with the searching done by
+    ``find`` at C speed: each start ``i`` costs one search for a block longer than the best so far.
+    """
+    besti, bestj, bestk = alo, blo, 0
+    i = alo
+    while i + bestk < ahi:
+        k = bestk + 1
+        j = sy.find(sx[i : i + k], blo, bhi)
+        if j >= 0:
+            lo, hi = k, min(ahi - i, bhi - blo)  # a block of lo occurs; gallop then bisect for the longest
+            step = 1
+            while lo < hi:
+                k = min(hi, lo + step)
+                if sy.find(sx[i : i + k], blo, bhi) < 0:
+                    hi = k - 1
+                    break
+                lo, step = k, step * 2
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if sy.find(sx[i : i + mid], blo, bhi) >= 0:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            besti, bestj, bestk = i, sy.find(sx[i : i + lo], blo, bhi), lo
+        i += 1
+    return besti, bestj, bestk
+
+
+def _matching_blocks(sx: str | bytes, sy: str | bytes) -> list[tuple[int, int, int]]:
+    """``difflib.SequenceMatcher(None, sx, sy, autojunk=False).get_matching_blocks()``, without the sentinel."""
+    found = []
+    stack = [(0, len(sx), 0, len(sy))]
+    while stack:
+        alo, ahi, blo, bhi = stack.pop()
+        i, j, k = _longest_match(sx, sy, alo, ahi, blo, bhi)
+        if k:
+            found.append((i, j, k))
+            if alo < i and blo < j:
+                stack.append((alo, i, blo, j))
+            if i + k < ahi and j + k < bhi:
+                stack.append((i + k, ahi, j + k, bhi))
+    found.sort()
+    merged: list[tuple[int, int, int]] = []
+    for i, j, k in found:  # adjacent blocks become one
+        if merged and merged[-1][0] + merged[-1][2] == i and merged[-1][1] + merged[-1][2] == j:
+            merged[-1] = (merged[-1][0], merged[-1][1], merged[-1][2] + k)
+        else:
+            merged.append((i, j, k))
+    return merged
+
+
+def _as_text(cx: list[bytes], cy: list[bytes]) -> tuple[str, str]:
+    """Both chunk lists as strings with one character per distinct chunk (equal chunks, equal characters)."""
+    codes = {c: k for k, c in enumerate(dict.fromkeys(cx + cy))}
+    return "".join(map(chr, map(codes.__getitem__, cx))), "".join(map(chr, map(codes.__getitem__, cy)))
+
+
 def _matching(x: bytes, y: bytes, xr: tuple[int, int], yr: tuple[int, int], xa: Atoms, ya: Atoms,
               fine: bool) -> list[tuple[int, int, int]]:
-    cx, ox = _chunks(x, *xr, xa, fine)
-    cy, oy = _chunks(y, *yr, ya, fine)
+    """Equal byte blocks of ``x[xr]`` and ``y[yr]``: a diff of their chunks, replaced runs refined byte by byte.
+
+    The blocks are those of ``difflib.SequenceMatcher`` (its autojunk heuristic on for the word-sized chunks,
+    off for single bytes); without junk they are computed by :func:`_matching_blocks` (C-speed searching).
+    """
+    (x0, x1), (y0, y1) = xr, yr
+    if fine and not _has_atoms(xa, x0, x1) and not _has_atoms(ya, y0, y1):  # bytes are the chunks
+        return [(x0 + i, y0 + j, k) for i, j, k in _matching_blocks(x[x0:x1], y[y0:y1])]
+    cx, ox = _chunks(x, x0, x1, xa, fine)
+    cy, oy = _chunks(y, y0, y1, ya, fine)
+    if not fine and len(cy) >= 200:  # difflib's autojunk may drop popular chunks: use difflib itself
+        matches = SequenceMatcher(None, cx, cy, autojunk=True).get_matching_blocks()[:-1]
+    else:
+        matches = _matching_blocks(*_as_text(cx, cy))
     blocks: list[tuple[int, int, int]] = []
-    sm = SequenceMatcher(None, cx, cy, autojunk=not fine)
-    for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        bx, ex, by, ey = ox[i1], ox[i2], oy[j1], oy[j2]
-        if tag == "equal":
-            blocks.append((bx, by, ex - bx))
-        elif tag == "replace" and not fine and ex - bx <= REFINE_MAX_BYTES and ey - by <= REFINE_MAX_BYTES:
-            blocks.extend(_matching(x, y, (bx, ex), (by, ey), xa, ya, fine=True))
+    i = j = 0
+    for ai, bj, size in [*matches, (len(cx), len(cy), 0)]:
+        if not fine and i < ai and j < bj:  # a replaced run
+            bx, ex, by, ey = ox[i], ox[ai], oy[j], oy[bj]
+            if ex - bx <= REFINE_MAX_BYTES and ey - by <= REFINE_MAX_BYTES:
+                blocks.extend(_matching(x, y, (bx, ex), (by, ey), xa, ya, fine=True))
+        if size:
+            blocks.append((ox[ai], oy[bj], ox[ai + size] - ox[ai]))
+        i, j = ai + size, bj + size
     return blocks
+
+
+def _has_atoms(atoms: Atoms, lo: int, hi: int) -> bool:
+    """Does an atom start inside ``[lo, hi)``?"""
+    starts = atoms[0]
+    k = bisect_left(starts, lo)
+    return k < len(starts) and starts[k] < hi
 
 
 def equal_byte_blocks(x: bytes, y: bytes, x_atoms: Atoms = _NO_ATOMS, y_atoms: Atoms = _NO_ATOMS) -> list[tuple[int, int, int]]:
@@ -298,40 +443,69 @@ def _contained(x: bytes, y: bytes, xr: tuple[int, int], yr: tuple[int, int], xa:
 
 
 def _atoms(ids: list[int], offsets: list[int], specials: frozenset[int]) -> Atoms:
-    """Byte spans of the special tokens in ``ids``."""
+    """Byte spans of the special tokens in ``ids`` (found with ``list.index``, at C speed)."""
     if specials.isdisjoint(ids):
         return _NO_ATOMS
-    where = [k for k, t in enumerate(ids) if t in specials]
+    where = []
+    for t in specials.intersection(ids):
+        k = ids.index(t)
+        while True:
+            where.append(k)
+            try:
+                k = ids.index(t, k + 1)
+            except ValueError:
+                break
+    where.sort()
     return [offsets[k] for k in where], [offsets[k + 1] for k in where]
 
 
-_SPECIAL_SETS: "weakref.WeakKeyDictionary[object, frozenset[int]]" = weakref.WeakKeyDictionary()
+def _same_ids(pa: bytes, pb: bytes, i: int, j: int, limit: int) -> int:
+    """How many IDs agree from ID ``i`` of ``pa`` and ``j`` of ``pb`` on (packed 8-byte IDs), at most ``limit``.
 
-
-def _special_set(tok: Tokenizer) -> frozenset[int]:
-    try:
-        return _SPECIAL_SETS[tok]
-    except (KeyError, TypeError):
-        pass
-    ids = special_ids(tok)
-    try:
-        _SPECIAL_SETS[tok] = ids
-    except TypeError:
-        pass
-    return ids
-
-
-def _align_middle(table: list[bytes], specials: frozenset[int], a: list[int], b: list[int]) -> list[Hunk]:
-    """Hunks of ``a`` against ``b``, whose first tokens differ and whose ends are a common boundary."""
-    ao = [0, *accumulate(map(len, map(table.__getitem__, a)))]
-    bo = [0, *accumulate(map(len, map(table.__getitem__, b)))]
-    xa, xb = b"".join(map(table.__getitem__, a)), b"".join(map(table.__getitem__, b))
-    if xa == xb:
-        blocks = [(0, 0, len(xa))]
-    elif a and b:
-        blocks = equal_byte_blocks(xa, xb, _atoms(a, ao, specials), _atoms(b, bo, specials))
+    Galloping then bisection on slice comparisons (memcmp): the cost grows with the answer.
+    """
+    lo, step = 0, 1  # the first lo IDs agree
+    while lo < limit:
+        hi = min(limit, lo + step)
+        if pa[8 * (i + lo) : 8 * (i + hi)] != pb[8 * (j + lo) : 8 * (j + hi)]:
+            break
+        lo, step = hi, step * 2
     else:
-        blocks = []
+        return limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pa[8 * (i + lo) : 8 * (i + mid)] == pb[8 * (j + lo) : 8 * (j + mid)]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _same_ids_back(pa: bytes, pb: bytes, limit: int) -> int:
+    """How many trailing IDs of ``pa`` and ``pb`` agree, at most ``limit`` (as :func:`_same_ids`)."""
+    na, nb = len(pa), len(pb)
+    lo, step = 0, 1
+    while lo < limit:
+        hi = min(limit, lo + step)
+        if pa[na - 8 * hi : na - 8 * lo] != pb[nb - 8 * hi : nb - 8 * lo]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pa[na - 8 * mid : na - 8 * lo] == pb[nb - 8 * mid : nb - 8 * lo]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _anchors(ao: list[int], bo: list[int], blocks: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """Common boundaries ``(k, kb)`` inside the equal byte blocks, the ends included (plain method).
+
+    Used when some token has no bytes (several tokens then share an offset).
+    """
     b_index = {off: k for k, off in enumerate(bo)}
     anchors = [(0, 0)]
     for i, j, n in blocks:
@@ -339,21 +513,76 @@ def _align_middle(table: list[bytes], specials: frozenset[int], a: list[int], b:
             kb = b_index.get(ao[k] - i + j)
             if kb is not None and (k, kb) != anchors[-1]:
                 anchors.append((k, kb))
-    if anchors[-1] != (len(a), len(b)):
-        anchors.append((len(a), len(b)))
-    hunks = []
-    for (a0, b0), (a1, b1) in zip(anchors, anchors[1:]):
+    if anchors[-1] != (len(ao) - 1, len(bo) - 1):
+        anchors.append((len(ao) - 1, len(bo) - 1))
+    return anchors
+
+
+def _align_middle(v: Vocab, a: list[int], b: list[int], pa: bytes, pb: bytes, p: int, base: int
+                  ) -> tuple[list[Hunk], Middle]:
+    """Hunks of the middles ``a`` against ``b`` (IDs ``p..`` of the sequences, bytes ``base..``).
+
+    Their first tokens differ and their ends are a common boundary; ``pa``/``pb`` are the middles packed.
+    Common boundaries are found by merging the byte offsets inside each equal byte block; a run of
+    identical tokens after a common boundary is skipped whole (memcmp), so the Python work is in the hunks.
+    """
+    lens, table = v.lens, v.table
+    ao = list(accumulate(map(lens.__getitem__, a), initial=0))
+    bo = list(accumulate(map(lens.__getitem__, b), initial=0))
+    xa, xb = b"".join(map(table.__getitem__, a)), b"".join(map(table.__getitem__, b))
+    if xa == xb:
+        blocks = [(0, 0, len(xa))]
+    elif a and b:
+        blocks = equal_byte_blocks(xa, xb, _atoms(a, ao, v.specials), _atoms(b, bo, v.specials))
+    else:
+        blocks = []
+    na, nb = len(a), len(b)
+    hunks: list[Hunk] = []
+
+    def emit(a0: int, b0: int, a1: int, b1: int) -> None:
         if a1 - a0 == 1 and b1 - b0 == 1 and a[a0] == b[b0]:
-            continue
+            return
         ab0, ab1, bb0, bb1 = ao[a0], ao[a1], bo[b0], bo[b1]
-        hunks.append(Hunk(a0, a1, b0, b1, ab0, ab1, bb0, bb1, xa[ab0:ab1] == xb[bb0:bb1]))
-    return hunks
+        hunks.append(Hunk(a0 + p, a1 + p, b0 + p, b1 + p, ab0 + base, ab1 + base, bb0 + base, bb1 + base,
+                          xa[ab0:ab1] == xb[bb0:bb1]))
+
+    if v.has_empty:
+        anchors = _anchors(ao, bo, blocks)
+        for (a0, b0), (a1, b1) in zip(anchors, anchors[1:]):
+            emit(a0, b0, a1, b1)
+        return hunks, Middle(p, base, a, b, xa, xb, ao, bo)
+    pk = pkb = 0  # the last common boundary
+    for i, j, n in blocks:
+        end = i + n
+        k, kb, k_end, d = bisect_left(ao, i), bisect_left(bo, j), bisect_right(ao, end), j - i
+        while k < k_end and kb <= nb:
+            x, y = ao[k] + d, bo[kb]
+            if x < y:
+                k += 1
+            elif x > y:
+                kb += 1
+            else:  # a common boundary
+                if k != pk or kb != pkb:
+                    emit(pk, pkb, k, kb)
+                    pk, pkb = k, kb
+                if k < na and kb < nb and a[k] == b[kb] and k + 1 < k_end:  # identical tokens inside the block
+                    r = _same_ids(pa, pb, k, kb, min(k_end - 1 - k, nb - kb))
+                    k += r
+                    kb += r
+                    pk, pkb = k, kb
+                else:
+                    k += 1
+                    kb += 1
+    if pk != na or pkb != nb:
+        emit(pk, pkb, na, nb)
+    return hunks, Middle(p, base, a, b, xa, xb, ao, bo)
 
 
 def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:
     """Align ``a`` (reference) and ``b`` (candidate); raises :class:`AlignError` on out-of-range IDs."""
     a, b = list(a), list(b)
-    table, lengths = byte_table(tok)
+    v = vocab(tok)
+    n_vocab = len(v.table)
     packed = []
     for what, ids in (("a", a), ("b", b)):
         try:
@@ -361,27 +590,20 @@ def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:
         except (OverflowError, TypeError):
             check_ids(tok, ids, what)
             raise AlignError(f"{what}: IDs must be integers") from None
-        if ids and max(ids) >= len(table):
+        if ids and max(ids) >= n_vocab:
             check_ids(tok, ids, what)
         packed.append(raw)
     if a == b:
-        return Alignment(a, b, [], table)
+        return Alignment(a, b, [], v.table)
     # common prefix/suffix in tokens, compared as packed 8-byte integers (memcmp)
     pa, pb = packed
-    p = _common_prefix(pa, pb) // 8
-    s = _common_suffix(pa, pb, 8 * (min(len(a), len(b)) - p)) // 8
-    if p < 4096:  # bytes before the middle (equal on both sides)
-        base = sum(map(len, map(table.__getitem__, a[:p])))
+    na, nb = len(a), len(b)
+    p = _same_ids(pa, pb, 0, 0, min(na, nb))
+    s = _same_ids_back(pa, pb, min(na, nb) - p)
+    if p < 256:  # bytes before the middle (equal on both sides)
+        base = sum(map(v.lens.__getitem__, a[:p]))
     else:
-        base = int(lengths[np.frombuffer(pa, dtype=np.uint64, count=p)].sum())
-    middle = _align_middle(table, _special_set(tok), a[p : len(a) - s], b[p : len(b) - s])
-    for h in middle:
-        h.a_start += p
-        h.a_end += p
-        h.b_start += p
-        h.b_end += p
-        h.a_byte_start += base
-        h.a_byte_end += base
-        h.b_byte_start += base
-        h.b_byte_end += base
-    return Alignment(a, b, middle, table)
+        base = int(v.lengths[np.frombuffer(pa, dtype=np.uint64, count=p)].sum())
+    hunks, middle = _align_middle(v, a[p : na - s], b[p : nb - s], pa[8 * p : 8 * (na - s)], pb[8 * p : 8 * (nb - s)],
+                                  p, base)
+    return Alignment(a, b, hunks, v.table, middle)

@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .align import Alignment, Hunk, align
+from .align import Alignment, Hunk, align, vocab
 from .tokenizer import Tokenizer
 
 VERDICTS = ("exact", "bpe_split", "semantic")
@@ -85,16 +85,17 @@ class RecordVerdict:
         return self.hunks[0].hunk.a_start if self.hunks else None
 
 
-_SPECIALS: "weakref.WeakKeyDictionary[object, tuple[frozenset[int], dict[int, str]]]" = weakref.WeakKeyDictionary()
+_SPECIALS: "weakref.WeakKeyDictionary[object, tuple[frozenset[int], dict[int, str], int]]" = weakref.WeakKeyDictionary()
 
 
-def _specials(tok: Tokenizer) -> tuple[frozenset[int], dict[int, str]]:
+def _specials(tok: Tokenizer) -> tuple[frozenset[int], dict[int, str], int]:
+    """Special IDs, their texts, and the smallest special ID (a quick "none here" test by ``max``)."""
     try:
         return _SPECIALS[tok]
     except (KeyError, TypeError):
         pass
     texts = {s.id: s.text for s in tok.special_tokens}
-    entry = (frozenset(texts), texts)
+    entry = (frozenset(texts), texts, min(texts, default=1 << 62))
     try:
         _SPECIALS[tok] = entry
     except TypeError:
@@ -108,31 +109,34 @@ def is_canonical(tok: Tokenizer, ids: Sequence[int], raw: bytes) -> bool | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    specials, texts = _specials(tok)
+    specials, texts, _ = _specials(tok)
     allowed = {texts[i] for i in ids if i in specials}
     return tok.encode(text, allow_special=allowed) == list(ids)
 
 
-def _segment_kinds(segments: Sequence[Mapping[str, Any]], start: int, end: int) -> list[str]:
+Spans = list[tuple[int, int, str]]  # (byte_start, byte_end, kind) of each segment
+
+
+def _spans(segments: Sequence[Mapping[str, Any]]) -> Spans:
+    return [(int(s["byte_start"]), int(s["byte_end"]), s["kind"]) for s in segments]
+
+
+def _segment_kinds(spans: Spans, start: int, end: int) -> list[str]:
     """Kinds of the segments overlapping bytes ``[start, end)``; for an empty range, those touching it."""
     kinds: list[str] = []
-    for s in segments:
-        bs, be = int(s["byte_start"]), int(s["byte_end"])
+    for bs, be, kind in spans:
         hit = (bs < end and be > start) if end > start else (bs <= start <= be)
-        if hit and s["kind"] not in kinds:
-            kinds.append(s["kind"])
+        if hit and kind not in kinds:
+            kinds.append(kind)
     return kinds
 
 
-def _ordinary_bytes(table: list[bytes], ids: Sequence[int], specials: frozenset[int]) -> bytes:
-    if specials.isdisjoint(ids):
-        return b"".join(map(table.__getitem__, ids))
-    return b"".join([table[i] for i in ids if i not in specials])
-
-
-def _special_counts(ids: Sequence[int], specials: frozenset[int]) -> list[int]:
-    """The special IDs in ``ids`` as a sorted list (a multiset)."""
-    return [] if specials.isdisjoint(ids) else sorted([i for i in ids if i in specials])
+def _special_counts(ids: Sequence[int], specials: frozenset[int], lowest: int = 0) -> list[int]:
+    """The special IDs in ``ids`` as a sorted list (a multiset); ``lowest`` is the smallest special ID."""
+    if not ids or max(ids) < lowest or specials.isdisjoint(ids):
+        return []
+    ids = ids if isinstance(ids, list) else list(ids)
+    return sorted([t for t in specials.intersection(ids) for _ in range(ids.count(t))])
 
 
 def _json_equal(x: bytes, y: bytes) -> bool:
@@ -145,33 +149,45 @@ def _json_equal(x: bytes, y: bytes) -> bool:
 def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]],
                       json_cache: dict[tuple[int, int], bool] | None = None, kinds: list[str] | None = None) -> str:
     """The subclass of one hunk whose bytes (or special tokens) differ; see the module docstring."""
-    specials, _ = _specials(tok)
+    specials, _, lowest = _specials(tok)
     a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
+    return _subclass(tok, al, h, a_run, b_run, _special_counts(a_run, specials, lowest),
+                     _special_counts(b_run, specials, lowest), segments, json_cache, kinds)
+
+
+def _subclass(tok: Tokenizer, al: Alignment, h: Hunk, a_run: list[int], b_run: list[int], sa: list[int],
+              sb: list[int], segments: Sequence[Mapping[str, Any]], json_cache: dict[tuple[int, int], bool] | None,
+              kinds: list[str] | None, spans: Spans | None = None) -> str:
+    """:func:`semantic_subclass` given the runs and their special IDs (``sa``, ``sb``)."""
     xa, xb = al.a_run_bytes(h), al.b_run_bytes(h)
     if xa != xb and h.a_end == len(al.a) and h.b_end == len(al.b):
-        oa, ob = _ordinary_bytes(al.table, a_run, specials), _ordinary_bytes(al.table, b_run, specials)
+        plain = vocab(tok).plain  # special tokens spelled b""
+        oa = b"".join(map(plain.__getitem__, a_run)) if sa else xa
+        ob = b"".join(map(plain.__getitem__, b_run)) if sb else xb
         short, long_ = sorted((oa, ob), key=len)
         if len(short) < len(long_) and long_.startswith(short):
             return "truncation"
     if xa != xb and xa.decode("utf-8", errors="replace") == xb.decode("utf-8", errors="replace"):
         return "replacement_char"
-    if _special_counts(a_run, specials) != _special_counts(b_run, specials):
+    if sa != sb:
         return "special_token"
     if xa.translate(None, _WS) == xb.translate(None, _WS):
         return "whitespace"
+    if spans is None:
+        spans = _spans(segments)
     if kinds is None:
-        kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
+        kinds = _segment_kinds(spans, h.b_byte_start, h.b_byte_end)
     if "tool_id" in kinds:
         return "tool_call_id"
     if kinds and set(kinds) == {"tool_args"}:
-        args = [s for s in segments if s["kind"] == "tool_args" and int(s["byte_start"]) <= h.b_byte_start
-                and h.b_byte_end <= int(s["byte_end"])]
+        args = [(bs, be) for bs, be, kind in spans if kind == "tool_args" and bs <= h.b_byte_start
+                and h.b_byte_end <= be]
         if args:
-            bs, be = int(args[0]["byte_start"]), int(args[0]["byte_end"])
+            bs, be = args[0]
             cache = {} if json_cache is None else json_cache
             if (bs, be) not in cache:  # one parse per arguments segment, however many hunks it holds
                 as_, ae = al.b_to_a_byte(bs, "start"), al.b_to_a_byte(be, "end")
-                cache[bs, be] = _json_equal(al.a_bytes[as_:ae], al.b_bytes[bs:be])
+                cache[bs, be] = _json_equal(al.a_slice(as_, ae), al.b_slice(bs, be))
             if cache[bs, be]:
                 return "tool_args_json_equal"
     return "other"
@@ -179,26 +195,26 @@ def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence
 
 def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping[str, Any]] = ()) -> RecordVerdict:
     """Verdict for an alignment of engine IDs (``a``) against reconstructed IDs (``b``)."""
-    specials, _ = _specials(tok)
+    if not al.hunks:
+        return RecordVerdict("exact", "exact", [], [], al)
+    specials, _, lowest = _specials(tok)
     hunks: list[HunkVerdict] = []
     json_cache: dict[tuple[int, int], bool] = {}
+    spans = _spans(segments)
     for h in al.hunks:
         a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
-        kinds = _segment_kinds(segments, h.b_byte_start, h.b_byte_end)
+        sa, sb = _special_counts(a_run, specials, lowest), _special_counts(b_run, specials, lowest)
+        kinds = _segment_kinds(spans, h.b_byte_start, h.b_byte_end)
         segment = "+".join(kinds)
-        same_specials = (specials.isdisjoint(a_run) and specials.isdisjoint(b_run)) or (
-            _special_counts(a_run, specials) == _special_counts(b_run, specials))
-        if h.same_bytes and same_specials:
+        if h.same_bytes and sa == sb:
             hunks.append(HunkVerdict(h, "split", None, segment, is_canonical(tok, a_run, al.a_run_bytes(h)),
                                      is_canonical(tok, b_run, al.b_run_bytes(h))))
         else:
-            hunks.append(HunkVerdict(h, "semantic", semantic_subclass(tok, al, h, segments, json_cache, kinds), segment,
-                                     None, None))
+            hunks.append(HunkVerdict(h, "semantic", _subclass(tok, al, h, a_run, b_run, sa, sb, segments, json_cache,
+                                                              kinds, spans), segment, None, None))
     present = {hv.subclass for hv in hunks}
     subclasses = [c for c in SUBCLASSES if c in present]
-    if not hunks:
-        verdict, label = "exact", "exact"
-    elif not subclasses:
+    if not subclasses:
         verdict, label = "bpe_split", "bpe_split"
     else:
         verdict, label = "semantic", subclasses[0] if len(subclasses) == 1 else "mixed"

@@ -168,3 +168,23 @@ def test_alignment_works_for_an_hf_byte_level_tokenizer(qwen3):
     split = [vocab[raw[:cut]], vocab[raw[cut:]]] + ids[1:]
     assert classify(qwen3, split, ids).verdict == "bpe_split"
     assert classify(qwen3, ids, qwen3.encode(text.replace("here", "there"))).label == "other"
+
+
+@settings(max_examples=400, deadline=None)
+@given(x=st.binary(max_size=40), edits=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 4), st.binary(max_size=5)), max_size=4),
+       alphabet=st.sampled_from([b"ab", b"ab \n\"", b"abcdefgh {}:,\""]))
+def test_matching_blocks_are_difflibs(x, edits, alphabet):
+    """The C-speed block search gives exactly difflib's matching blocks (no junk), ties included."""
+    from difflib import SequenceMatcher
+
+    from kimi_eagle.align import _matching_blocks
+
+    x = bytes(alphabet[c % len(alphabet)] for c in x)  # a small alphabet makes ties and repeats common
+    y = bytearray(x)
+    for pos, cut, ins in edits:
+        pos = min(pos, len(y))
+        y[pos : pos + cut] = bytes(alphabet[c % len(alphabet)] for c in ins)
+    y = bytes(y)
+    want = [tuple(m) for m in SequenceMatcher(None, x, y, autojunk=False).get_matching_blocks()[:-1]]
+    assert _matching_blocks(x, y) == want
+    assert _matching_blocks(x.decode("latin-1"), y.decode("latin-1")) == want
