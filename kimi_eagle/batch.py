@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_text as atomic_write_text
 from .batch_grid import Grid, GridError, Run, load_grid, validate
 
 
@@ -266,13 +267,6 @@ def read_state(run_out: Path) -> dict[str, Any]:
 
 def write_state(run_out: Path, state: dict[str, Any]) -> None:
     atomic_write_text(Path(run_out) / "run.json", json.dumps(state, indent=2, default=str))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a temporary file beside ``path`` and rename it over ``path``: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _is_done(run_out: Path, run: Run) -> bool:

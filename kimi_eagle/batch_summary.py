@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from .atomic import atomic_path, write_text  # noqa: E402
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
 MAX_CHARTS = 24
@@ -55,11 +55,10 @@ def summary_frame(run_dir: Path, runs: list[tuple[str, dict[str, Any]]]) -> pd.D
 def write_summary(run_dir: Path, runs: list[tuple[str, dict[str, Any]]], title: str = "batch") -> pd.DataFrame:
     """Write ``summary.parquet``, ``charts/*.png`` and ``summary.html`` into ``run_dir`` (atomically)."""
     df = summary_frame(run_dir, runs)
-    tmp = run_dir / f".summary.parquet.{os.getpid()}.tmp"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, run_dir / "summary.parquet")
+    with atomic_path(run_dir / "summary.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
     charts = comparison_charts(df, run_dir / "charts")
-    _atomic_text(run_dir / "summary.html", summary_html(df, [c.relative_to(run_dir) for c in charts], title))
+    write_text(run_dir / "summary.html", summary_html(df, [c.relative_to(run_dir) for c in charts], title))
     return df
 
 
@@ -278,7 +277,3 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_path, write_text
 from .records import read_jsonl
 
 API_KEY_ENV = "OPENROUTER_API_KEY"
@@ -218,12 +219,10 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
             done[key] = {"status": status, "kind": kind}
             kept.append(raw)
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             f.writelines(kept)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     return done, dropped
 
 
@@ -410,9 +409,7 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
     summary = {"prompts": len(prompts), "already_done": len(prompts) - len(todo), "requested": len(todo),
                "dropped_on_resume": dropped, "stale_records": stale, **collector.counts, "aborted": collector.abort,
                "seconds": round(seconds, 3), "totals": summarize(output)}
-    tmp = output.with_name(output.name + ".summary.json.tmp")
-    tmp.write_text(redact(json.dumps(summary, indent=2), api_key))
-    os.replace(tmp, output.with_name(output.name + ".summary.json"))
+    write_text(output.with_name(output.name + ".summary.json"), redact(json.dumps(summary, indent=2), api_key))
     return summary
 
 
@@ -455,10 +452,7 @@ def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     """Write ``rows`` as JSONL atomically (temp file, then ``os.replace``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 # ---- command line

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from .atomic import atomic_path
 from .assets import data_path
 
 SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai")
@@ -260,16 +261,14 @@ def convert_file(source_name: str, in_path: str | os.PathLike | None, out_path: 
     """Write ``convert`` to JSONL atomically; ``limit`` keeps the first N conversations. Returns records written."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + f".tmp{os.getpid()}")
     n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for index, record in _convert(source_name, in_path):
             if limit is not None and index >= limit:
                 break
             # ensure_ascii keeps lone surrogates in the source as \\uXXXX escapes, for reconstruct to reject
             f.write(json.dumps(record) + "\n")
             n += 1
-    os.replace(tmp, out_path)
     return n
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from .atomic import write_bytes as _atomic_write_bytes
 from .assets import sha256_file
 
 MANIFEST = "manifest.json"
@@ -223,12 +223,6 @@ def batches_by_length(lengths: Sequence[int], max_tokens: int) -> list[list[int]
         else:
             batches.append([i])
     return batches
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .atomic import write_text
 from .classify import LABELS, SUBCLASSES  # noqa: E402
 from .diff import STATUSES, DiffResult, read_diff  # noqa: E402
 
@@ -382,9 +381,7 @@ def write_report(result: DiffResult, out_dir: str | Path) -> dict[str, Any]:
     summary["charts"] = {k: p.name for k, p in charts.items()}
     for name, text in (("summary.json", json.dumps(summary, indent=2, default=str)),
                        ("report.html", render_html(summary, result, charts))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / name)
+        write_text(out / name, text)
     return summary
 
 

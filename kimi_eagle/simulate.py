@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .atomic import atomic_path, write_text as _atomic_text
 from .align import byte_table
 from .billing import reasoning_tokens
 from .completion import CompletionOptions
@@ -325,16 +325,9 @@ def write_samples(samples: list[Sample], out_dir: str | Path) -> dict[str, Path]
     table = pa.Table.from_pylist([{"id": s.id, "dataset": s.dataset, "effect": s.effect, "expected": s.expected,
                                    "detail": s.detail} for s in samples],
                                  schema=pa.schema([(c, pa.string()) for c in ("id", "dataset", "effect", "expected", "detail")]))
-    tmp = paths["labels"].with_name(".labels.parquet.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, paths["labels"])
+    with atomic_path(paths["labels"]) as tmp:
+        pq.write_table(table, tmp)
     return paths
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def load_source_records(sources: Iterable[str]) -> list[dict]:

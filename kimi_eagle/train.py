@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .atomic import atomic_path, write_text
 from . import draft_vocab
 from .eagle3 import Eagle3Drafter, shift_left, target_tensor
 from .hidden import HiddenStates
@@ -159,9 +160,8 @@ def save_checkpoint(path: Path, drafter, optimizer, scheduler, step: int, cfg: T
         "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "step": step, "rng": _rng_state(), "config": asdict(cfg), "draft_vocab": vocab_report,
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def param_digest(module: nn.Module) -> str:
@@ -304,9 +304,7 @@ def _read_log(path: Path) -> list[dict]:
 
 
 def _write_log(path: Path, history: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(h) + "\n" for h in history))
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps(h) + "\n" for h in history))
 
 
 def plot_history(history: list[dict], path: str | Path) -> Path:
