@@ -223,48 +223,38 @@ def check_ids(tok: Tokenizer, ids: Sequence[int], what: str = "ids") -> None:
 # byte diff
 
 
-def _common_prefix(x: bytes, y: bytes) -> int:
-    """Length of the common prefix: galloping, then bisection, on slice comparisons (memcmp).
+def _common_prefix(x: bytes, y: bytes, i: int = 0, j: int = 0, limit: int | None = None) -> int:
+    """How many bytes agree from ``x[i:]`` and ``y[j:]`` on, at most ``limit``.
 
-    The cost grows with the answer, not with the lengths.
+    Windows growing 4x are compared with memcmp; in the first that differs, the first differing byte is the
+    lowest set bit of the XOR of the two windows read as little-endian integers. All of it runs at C speed,
+    and the cost grows with the answer, not with the lengths.
     """
-    n = min(len(x), len(y))
-    lo, step = 0, 8  # x[:lo] == y[:lo]
-    while lo < n:
-        hi = min(n, lo + step)
-        if x[lo:hi] != y[lo:hi]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return n
-    while hi - lo > 1:  # x[lo:hi] differs somewhere
-        mid = (lo + hi) // 2
-        if x[lo:mid] == y[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    n = min(len(x) - i, len(y) - j) if limit is None else limit
+    k, step = 0, 256
+    while k < n:
+        m = min(step, n - k)
+        xs, ys = x[i + k : i + k + m], y[j + k : j + k + m]
+        if xs != ys:
+            d = int.from_bytes(xs, "little") ^ int.from_bytes(ys, "little")
+            return k + ((d & -d).bit_length() - 1) // 8
+        k, step = k + m, step * 4
+    return n
 
 
 def _common_suffix(x: bytes, y: bytes, limit: int) -> int:
-    """Length of the common suffix, at most ``limit`` (same method as :func:`_common_prefix`)."""
-    n = min(len(x), len(y), limit)
+    """Length of the common suffix, at most ``limit`` (as :func:`_common_prefix`, big-endian)."""
     nx, ny = len(x), len(y)
-    lo, step = 0, 8  # the last lo bytes agree
-    while lo < n:
-        hi = min(n, lo + step)
-        if x[nx - hi : nx - lo] != y[ny - hi : ny - lo]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if x[nx - mid : nx - lo] == y[ny - mid : ny - lo]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    n = min(nx, ny, limit)
+    k, step = 0, 256
+    while k < n:
+        m = min(step, n - k)
+        xs, ys = x[nx - k - m : nx - k], y[ny - k - m : ny - k]
+        if xs != ys:
+            d = int.from_bytes(xs, "big") ^ int.from_bytes(ys, "big")
+            return k + ((d & -d).bit_length() - 1) // 8
+        k, step = k + m, step * 4
+    return n
 
 
 Atoms = tuple[list[int], list[int]]  # (starts, ends) of byte spans kept whole (special tokens)
@@ -460,45 +450,13 @@ def _atoms(ids: list[int], offsets: list[int], specials: frozenset[int]) -> Atom
 
 
 def _same_ids(pa: bytes, pb: bytes, i: int, j: int, limit: int) -> int:
-    """How many IDs agree from ID ``i`` of ``pa`` and ``j`` of ``pb`` on (packed 8-byte IDs), at most ``limit``.
-
-    Galloping then bisection on slice comparisons (memcmp): the cost grows with the answer.
-    """
-    lo, step = 0, 1  # the first lo IDs agree
-    while lo < limit:
-        hi = min(limit, lo + step)
-        if pa[8 * (i + lo) : 8 * (i + hi)] != pb[8 * (j + lo) : 8 * (j + hi)]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return limit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if pa[8 * (i + lo) : 8 * (i + mid)] == pb[8 * (j + lo) : 8 * (j + mid)]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """How many IDs agree from ID ``i`` of ``pa`` and ``j`` of ``pb`` on (packed 8-byte IDs), at most ``limit``."""
+    return _common_prefix(pa, pb, 8 * i, 8 * j, 8 * limit) // 8
 
 
 def _same_ids_back(pa: bytes, pb: bytes, limit: int) -> int:
-    """How many trailing IDs of ``pa`` and ``pb`` agree, at most ``limit`` (as :func:`_same_ids`)."""
-    na, nb = len(pa), len(pb)
-    lo, step = 0, 1
-    while lo < limit:
-        hi = min(limit, lo + step)
-        if pa[na - 8 * hi : na - 8 * lo] != pb[nb - 8 * hi : nb - 8 * lo]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return limit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if pa[na - 8 * mid : na - 8 * lo] == pb[nb - 8 * mid : nb - 8 * lo]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """How many trailing IDs of ``pa`` and ``pb`` agree, at most ``limit``."""
+    return _common_suffix(pa, pb, 8 * limit) // 8
 
 
 def _anchors(ao: list[int], bo: list[int], blocks: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
@@ -582,28 +540,31 @@ def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:
     """Align ``a`` (reference) and ``b`` (candidate); raises :class:`AlignError` on out-of-range IDs."""
     a, b = list(a), list(b)
     v = vocab(tok)
-    n_vocab = len(v.table)
     packed = []
     for what, ids in (("a", a), ("b", b)):
         try:
-            raw = array("Q", ids).tobytes()  # negative IDs raise OverflowError here
+            packed.append(array("Q", ids).tobytes())  # negative IDs raise OverflowError here
         except (OverflowError, TypeError):
+            if what == "b":  # a's errors come first
+                check_ids(tok, a, "a")
             check_ids(tok, ids, what)
             raise AlignError(f"{what}: IDs must be integers") from None
-        if ids and max(ids) >= n_vocab:
-            check_ids(tok, ids, what)
-        packed.append(raw)
-    if a == b:
-        return Alignment(a, b, [], v.table)
-    # common prefix/suffix in tokens, compared as packed 8-byte integers (memcmp)
     pa, pb = packed
     na, nb = len(a), len(b)
+    n_vocab = len(v.table)
+    if a and (max(a) if na < 256 else int(np.frombuffer(pa, dtype=np.uint64).max())) >= n_vocab:
+        check_ids(tok, a, "a")
+    if a == b:
+        return Alignment(a, b, [], v.table)
+    # common prefix/suffix in tokens, compared as packed 8-byte integers (memcmp); they are a's, so valid
     p = _same_ids(pa, pb, 0, 0, min(na, nb))
     s = _same_ids_back(pa, pb, min(na, nb) - p)
-    if p < 256:  # bytes before the middle (equal on both sides)
+    if p < 192:  # bytes before the middle (equal on both sides)
         base = sum(map(v.lens.__getitem__, a[:p]))
     else:
         base = int(v.lengths[np.frombuffer(pa, dtype=np.uint64, count=p)].sum())
-    hunks, middle = _align_middle(v, a[p : na - s], b[p : nb - s], pa[8 * p : 8 * (na - s)], pb[8 * p : 8 * (nb - s)],
-                                  p, base)
+    bm = b[p : nb - s]
+    if bm and max(bm) >= n_vocab:  # b's other IDs are a's
+        check_ids(tok, b, "b")
+    hunks, middle = _align_middle(v, a[p : na - s], bm, pa[8 * p : 8 * (na - s)], pb[8 * p : 8 * (nb - s)], p, base)
     return Alignment(a, b, hunks, v.table, middle)

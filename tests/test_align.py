@@ -188,3 +188,31 @@ def test_matching_blocks_are_difflibs(x, edits, alphabet):
     want = [tuple(m) for m in SequenceMatcher(None, x, y, autojunk=False).get_matching_blocks()[:-1]]
     assert _matching_blocks(x, y) == want
     assert _matching_blocks(x.decode("latin-1"), y.decode("latin-1")) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(same=st.lists(st.integers(0, 2**40), max_size=300), tail_x=st.lists(st.integers(0, 2**40), max_size=5),
+       tail_y=st.lists(st.integers(0, 2**40), max_size=5), limit=st.integers(0, 320))
+def test_same_ids_helpers_agree_with_a_plain_scan(same, tail_x, tail_y, limit):
+    """Runs of equal packed IDs, forwards and backwards (windows, memcmp and the XOR's lowest bit)."""
+    from array import array
+
+    from kimi_eagle.align import _same_ids, _same_ids_back
+
+    def pack(ids):
+        return array("Q", ids).tobytes()
+
+    a, b = same + tail_x, same + tail_y
+    n = min(len(a), len(b), limit)
+    assert _same_ids(pack(a), pack(b), 0, 0, n) == next((i for i in range(n) if a[i] != b[i]), n)
+    assert _same_ids(pack([7] + a), pack(b), 1, 0, n) == next((i for i in range(n) if a[i] != b[i]), n)
+    a, b = tail_x + same, tail_y + same
+    n = min(len(a), len(b), limit)
+    assert _same_ids_back(pack(a), pack(b), n) == next((i for i in range(n) if a[-1 - i] != b[-1 - i]), n)
+
+
+def test_out_of_range_errors_name_a_before_b(kimi):
+    with pytest.raises(AlignError, match=r"^a\[0\] = 163840"):
+        align(kimi, [kimi.n_vocab], [-1])
+    with pytest.raises(AlignError, match=r"^b\[1\] = 163841"):
+        align(kimi, list(range(40)), [0, kimi.n_vocab + 1] + list(range(40)))
