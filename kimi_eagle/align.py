@@ -80,6 +80,8 @@ class Middle:
     xb: bytes
     ao: list[int]
     bo: list[int]
+    a_specials: list[int]  # positions (in the middle) of the special tokens
+    b_specials: list[int]
 
 
 @dataclass
@@ -127,19 +129,41 @@ class Alignment:
             return m.xb[m.bo[h.b_start - m.p] : m.bo[h.b_end - m.p]]
         return b"".join(map(self.table.__getitem__, self.b[h.b_start : h.b_end]))
 
-    def a_slice(self, start: int, end: int) -> bytes:
-        """``a_bytes[start:end]``, without joining all of ``a`` when the range lies in the middle."""
+    def a_run_specials(self, h: Hunk) -> list[int] | None:
+        """The special IDs in ``a[h.a_start:h.a_end]``, sorted; None when the run is not in the middle."""
         m = self.middle
-        if m is not None and m.base <= start <= end <= m.base + len(m.xa):
-            return m.xa[start - m.base : end - m.base]
-        return self.a_bytes[start:end]
+        if m is None or not m.p <= h.a_start <= h.a_end <= m.p + len(m.a):
+            return None
+        pos = m.a_specials
+        return sorted([m.a[k] for k in pos[bisect_left(pos, h.a_start - m.p) : bisect_left(pos, h.a_end - m.p)]])
+
+    def b_run_specials(self, h: Hunk) -> list[int] | None:
+        m = self.middle
+        if m is None or not m.p <= h.b_start <= h.b_end <= m.p + len(m.b):
+            return None
+        pos = m.b_specials
+        return sorted([m.b[k] for k in pos[bisect_left(pos, h.b_start - m.p) : bisect_left(pos, h.b_end - m.p)]])
+
+    def a_run_offset(self, k: int) -> int | None:
+        """Byte offset of token ``k`` of ``a`` within the middle's bytes, or None outside the middle."""
+        m = self.middle
+        return m.ao[k - m.p] if m is not None and m.p <= k <= m.p + len(m.a) else None
+
+    def b_run_offset(self, k: int) -> int | None:
+        m = self.middle
+        return m.bo[k - m.p] if m is not None and m.p <= k <= m.p + len(m.b) else None
+
+    def a_slice(self, start: int, end: int) -> bytes:
+        """``a_bytes[start:end]``, joining only the tokens around the middle that the range needs."""
+        m = self.middle
+        got = None if m is None else _range_bytes(self.table, self.a, m.p, m.p + len(m.a), m.xa, m.base, start, end)
+        return self.a_bytes[start:end] if got is None else got
 
     def b_slice(self, start: int, end: int) -> bytes:
         """``b_bytes[start:end]`` (as :meth:`a_slice`)."""
         m = self.middle
-        if m is not None and m.base <= start <= end <= m.base + len(m.xb):
-            return m.xb[start - m.base : end - m.base]
-        return self.b_bytes[start:end]
+        got = None if m is None else _range_bytes(self.table, self.b, m.p, m.p + len(m.b), m.xb, m.base, start, end)
+        return self.b_bytes[start:end] if got is None else got
 
     def b_to_a_byte(self, pos: int, side: str = "start") -> int:
         """Map byte offset ``pos`` of ``b`` to ``a``.
@@ -160,6 +184,35 @@ class Alignment:
         return pos + shift
 
 
+def _range_bytes(table: list[bytes], ids: list[int], k0: int, k1: int, x: bytes, base: int, start: int, end: int
+                 ) -> bytes | None:
+    """Bytes ``[start, end)`` of ``ids``, whose tokens ``k0..k1`` spell ``x`` from byte ``base`` on.
+
+    Tokens are joined outwards from ``x`` only as far as the range reaches; None for a range that
+    ``bytes`` slicing would read differently (negative or reversed bounds).
+    """
+    if start < 0 or end < start:
+        return None
+    left: list[bytes] = []
+    lo, k = base, k0
+    while lo > start and k > 0:
+        k -= 1
+        left.append(table[ids[k]])
+        lo -= len(left[-1])
+    if lo > start:
+        return None
+    right: list[bytes] = []
+    hi, k, n = base + len(x), k1, len(ids)
+    while hi < end and k < n:
+        right.append(table[ids[k]])
+        hi += len(right[-1])
+        k += 1
+    if not left and not right:
+        return x[start - base : end - base]
+    left.reverse()
+    return b"".join([*left, x, *right])[start - lo : end - lo]
+
+
 # --------------------------------------------------------------------------------------------
 # token bytes, cached per tokenizer
 
@@ -174,6 +227,7 @@ class Vocab:
     specials: frozenset[int]  # IDs of the special/added tokens
     plain: list[bytes]  # like ``table`` with every special token spelled b"" (ordinary bytes only)
     has_empty: bool  # some token has no bytes (offsets are then not strictly increasing)
+    special_mask: np.ndarray  # bool by ID: is it a special token
 
 
 _VOCABS: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
@@ -192,7 +246,9 @@ def vocab(tok: Tokenizer) -> Vocab:
     for i in specials:
         if 0 <= i < len(plain):
             plain[i] = b""
-    v = Vocab(table, np.array(lens, dtype=np.int64), lens, specials, plain, 0 in lens)
+    mask = np.zeros(len(table), dtype=bool)
+    mask[[i for i in specials if 0 <= i < len(table)]] = True
+    v = Vocab(table, np.array(lens, dtype=np.int64), lens, specials, plain, 0 in lens, mask)
     try:
         _VOCABS[tok] = v
     except TypeError:  # not weak-referenceable: just don't cache
@@ -432,12 +488,14 @@ def _contained(x: bytes, y: bytes, xr: tuple[int, int], yr: tuple[int, int], xa:
 # alignment
 
 
-def _atoms(ids: list[int], offsets: list[int], specials: frozenset[int]) -> Atoms:
-    """Byte spans of the special tokens in ``ids`` (found with ``list.index``, at C speed)."""
-    if specials.isdisjoint(ids):
-        return _NO_ATOMS
+def _special_positions(v: Vocab, ids: list[int], packed: bytes) -> list[int]:
+    """Sorted positions of the special tokens in ``ids`` (a numpy mask for long runs, ``list.index`` otherwise)."""
+    if len(ids) >= 128:
+        return np.flatnonzero(v.special_mask[np.frombuffer(packed, dtype=np.uint64)]).tolist()
+    if v.specials.isdisjoint(ids):
+        return []
     where = []
-    for t in specials.intersection(ids):
+    for t in v.specials.intersection(ids):
         k = ids.index(t)
         while True:
             where.append(k)
@@ -446,6 +504,13 @@ def _atoms(ids: list[int], offsets: list[int], specials: frozenset[int]) -> Atom
             except ValueError:
                 break
     where.sort()
+    return where
+
+
+def _atoms(where: list[int], offsets: list[int]) -> Atoms:
+    """Byte spans of the special tokens at positions ``where``."""
+    if not where:
+        return _NO_ATOMS
     return [offsets[k] for k in where], [offsets[k + 1] for k in where]
 
 
@@ -476,6 +541,15 @@ def _anchors(ao: list[int], bo: list[int], blocks: list[tuple[int, int, int]]) -
     return anchors
 
 
+def _offsets(v: Vocab, ids: list[int], packed: bytes) -> list[int]:
+    """``len(ids) + 1`` byte offsets of the tokens (numpy for long runs, where its fixed cost pays)."""
+    if len(ids) < 256:
+        return list(accumulate(map(v.lens.__getitem__, ids), initial=0))
+    out = np.cumsum(v.lengths[np.frombuffer(packed, dtype=np.uint64)]).tolist()
+    out.insert(0, 0)
+    return out
+
+
 def _align_middle(v: Vocab, a: list[int], b: list[int], pa: bytes, pb: bytes, p: int, base: int
                   ) -> tuple[list[Hunk], Middle]:
     """Hunks of the middles ``a`` against ``b`` (IDs ``p..`` of the sequences, bytes ``base..``).
@@ -485,13 +559,13 @@ def _align_middle(v: Vocab, a: list[int], b: list[int], pa: bytes, pb: bytes, p:
     identical tokens after a common boundary is skipped whole (memcmp), so the Python work is in the hunks.
     """
     lens, table = v.lens, v.table
-    ao = list(accumulate(map(lens.__getitem__, a), initial=0))
-    bo = list(accumulate(map(lens.__getitem__, b), initial=0))
+    ao, bo = _offsets(v, a, pa), _offsets(v, b, pb)
     xa, xb = b"".join(map(table.__getitem__, a)), b"".join(map(table.__getitem__, b))
+    sa, sb = _special_positions(v, a, pa), _special_positions(v, b, pb)
     if xa == xb:
         blocks = [(0, 0, len(xa))]
     elif a and b:
-        blocks = equal_byte_blocks(xa, xb, _atoms(a, ao, v.specials), _atoms(b, bo, v.specials))
+        blocks = equal_byte_blocks(xa, xb, _atoms(sa, ao), _atoms(sb, bo))
     else:
         blocks = []
     na, nb = len(a), len(b)
@@ -508,7 +582,7 @@ def _align_middle(v: Vocab, a: list[int], b: list[int], pa: bytes, pb: bytes, p:
         anchors = _anchors(ao, bo, blocks)
         for (a0, b0), (a1, b1) in zip(anchors, anchors[1:]):
             emit(a0, b0, a1, b1)
-        return hunks, Middle(p, base, a, b, xa, xb, ao, bo)
+        return hunks, Middle(p, base, a, b, xa, xb, ao, bo, sa, sb)
     pk = pkb = 0  # the last common boundary
     for i, j, n in blocks:
         end = i + n
@@ -533,7 +607,7 @@ def _align_middle(v: Vocab, a: list[int], b: list[int], pa: bytes, pb: bytes, p:
                     kb += 1
     if pk != na or pkb != nb:
         emit(pk, pkb, na, nb)
-    return hunks, Middle(p, base, a, b, xa, xb, ao, bo)
+    return hunks, Middle(p, base, a, b, xa, xb, ao, bo, sa, sb)
 
 
 def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:

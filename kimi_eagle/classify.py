@@ -139,6 +139,36 @@ def _special_counts(ids: Sequence[int], specials: frozenset[int], lowest: int = 
     return sorted([t for t in specials.intersection(ids) for _ in range(ids.count(t))])
 
 
+def _without_specials(tok: Tokenizer, run: list[int], raw: bytes, present: list[int], offset, start: int) -> bytes:
+    """``raw`` (the bytes of ``run``, tokens ``start..`` of a side) without the bytes of its special tokens.
+
+    ``present`` are the run's special IDs; ``offset(k)`` the byte offset of token ``k`` (None if unknown).
+    The special tokens are found with ``list.index`` and cut out by offset, so a long run costs little.
+    """
+    if not present:
+        return raw
+    first = offset(start)
+    if first is None or offset(start + len(run)) is None:
+        plain = vocab(tok).plain  # special tokens spelled b""
+        return b"".join(map(plain.__getitem__, run))
+    where = []
+    for t in set(present):
+        k = run.index(t)
+        while True:
+            where.append(k)
+            try:
+                k = run.index(t, k + 1)
+            except ValueError:
+                break
+    where.sort()
+    pieces, last = [], 0
+    for k in where:
+        pieces.append(raw[last : offset(start + k) - first])
+        last = offset(start + k + 1) - first
+    pieces.append(raw[last:])
+    return b"".join(pieces)
+
+
 def _json_equal(x: bytes, y: bytes) -> bool:
     try:
         return json.loads(x.decode("utf-8")) == json.loads(y.decode("utf-8"))
@@ -161,9 +191,8 @@ def _subclass(tok: Tokenizer, al: Alignment, h: Hunk, a_run: list[int], b_run: l
     """:func:`semantic_subclass` given the runs and their special IDs (``sa``, ``sb``)."""
     xa, xb = al.a_run_bytes(h), al.b_run_bytes(h)
     if xa != xb and h.a_end == len(al.a) and h.b_end == len(al.b):
-        plain = vocab(tok).plain  # special tokens spelled b""
-        oa = b"".join(map(plain.__getitem__, a_run)) if sa else xa
-        ob = b"".join(map(plain.__getitem__, b_run)) if sb else xb
+        oa = _without_specials(tok, a_run, xa, sa, al.a_run_offset, h.a_start)
+        ob = _without_specials(tok, b_run, xb, sb, al.b_run_offset, h.b_start)
         short, long_ = sorted((oa, ob), key=len)
         if len(short) < len(long_) and long_.startswith(short):
             return "truncation"
@@ -203,7 +232,11 @@ def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping
     spans = _spans(segments)
     for h in al.hunks:
         a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
-        sa, sb = _special_counts(a_run, specials, lowest), _special_counts(b_run, specials, lowest)
+        sa, sb = al.a_run_specials(h), al.b_run_specials(h)
+        if sa is None:
+            sa = _special_counts(a_run, specials, lowest)
+        if sb is None:
+            sb = _special_counts(b_run, specials, lowest)
         kinds = _segment_kinds(spans, h.b_byte_start, h.b_byte_end)
         segment = "+".join(kinds)
         if h.same_bytes and sa == sb:

@@ -216,3 +216,19 @@ def test_out_of_range_errors_name_a_before_b(kimi):
         align(kimi, [kimi.n_vocab], [-1])
     with pytest.raises(AlignError, match=r"^b\[1\] = 163841"):
         align(kimi, list(range(40)), [0, kimi.n_vocab + 1] + list(range(40)))
+
+
+def test_byte_slices_and_hunk_bytes_agree_with_the_joined_sequences(kimi):
+    """Hunk bytes and byte ranges are served from the aligned middle; they must read like the full joins."""
+    a = kimi.encode(TEXT)
+    b = kimi.encode(TEXT.replace("lazy", "sleepy").replace("Paris", "Rome"))
+    al = align(kimi, a, b)
+    full_a, full_b = ids_to_bytes(kimi, a), ids_to_bytes(kimi, b)
+    for start in range(0, len(full_a) + 3, 7):
+        for end in range(start, len(full_a) + 9, 5):
+            assert al.a_slice(start, end) == full_a[start:end]
+            assert al.b_slice(start, end) == full_b[start:end]
+    assert al.a_slice(5, 2) == full_a[5:2] and al.a_slice(-4, len(full_a)) == full_a[-4:]
+    for h in al.hunks:
+        assert al.a_run_bytes(h) == full_a[h.a_byte_start : h.a_byte_end]
+        assert al.b_run_bytes(h) == full_b[h.b_byte_start : h.b_byte_end]
