@@ -354,11 +354,11 @@ def _longest_match(sx: str | bytes, sy: str | bytes, alo: int, ahi: int, blo: in
     ``find`` at C speed: each start ``i`` costs one search for a block longer than the best so far.
     """
     besti, bestj, bestk = alo, blo, 0
+    find = sy.find
     i = alo
     while i + bestk < ahi:
-        k = bestk + 1
-        j = sy.find(sx[i : i + k], blo, bhi)
-        if j >= 0:
+        if find(sx[i : i + bestk + 1], blo, bhi) >= 0:
+            k = bestk + 1
             lo, hi = k, min(ahi - i, bhi - blo)  # a block of lo occurs; gallop then bisect for the longest
             step = 1
             while lo < hi:
