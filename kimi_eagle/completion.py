@@ -198,6 +198,8 @@ class PieceEncoder:
         self.tok = tok
         self.special_ids = {s.text: s.id for s in tok.special_tokens}
         self._marker = _marker_regex(self.special_ids)
+        self._marker_needles = _marker_needles(self.special_ids)
+        self._marker_chars = sorted({n[:1] for n in self._marker_needles})
         self._cache: dict[bool, OrderedDict[str, list[int]]] = {False: OrderedDict(), True: OrderedDict()}
         self._marks: OrderedDict[str, bool] = OrderedDict()
         self._cache_entries = cache_entries
@@ -213,6 +215,9 @@ class PieceEncoder:
         return found
 
     def _scan(self, text: str) -> bool:
+        # a quick look for the literal starts of every candidate first; the regex only where one occurs
+        if not any(c in text for c in self._marker_chars) or not any(n in text for n in self._marker_needles):
+            return False
         return self._marker is not None and any(m.group() in self.special_ids for m in self._marker.finditer(text))
 
     def _remember(self, cache: OrderedDict, key: str, value: Any) -> None:
@@ -381,6 +386,13 @@ def _marker_regex(specials: Iterable[str]) -> re.Pattern | None:
     others = sorted((t for t in specials if not generic.fullmatch(t)), key=len, reverse=True)
     alts = ([generic.pattern] if len(others) < len(list(specials)) else []) + [re.escape(t) for t in others]
     return re.compile("|".join(alts)) if alts else None
+
+
+def _marker_needles(specials: Iterable[str]) -> list[str]:
+    """Literal strings at least one of which every match of ``_marker_regex`` contains."""
+    generic = re.compile(r"<\|[^\s<>|]{1,64}\|>")
+    others = [t for t in specials if not generic.fullmatch(t)]
+    return (["<|"] if len(others) < len(list(specials)) else []) + others
 
 
 def _plain_encoder(tok: Tokenizer, continuation: bool = False) -> Callable[[str], list[int]]:
