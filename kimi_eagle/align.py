@@ -233,10 +233,18 @@ class Vocab:
 _VOCABS: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
 
 
+_LAST: list = [None, None]  # (weak reference to the last tokenizer, its Vocab): skips the dictionary lookup
+
+
 def vocab(tok: Tokenizer) -> Vocab:
     """The :class:`Vocab` of ``tok``, cached while ``tok`` lives (weak-referenceable tokenizers)."""
+    ref, v = _LAST
+    if ref is not None and ref() is tok:
+        return v
     try:
-        return _VOCABS[tok]
+        v = _VOCABS[tok]
+        _LAST[:] = weakref.ref(tok), v
+        return v
     except (KeyError, TypeError):
         pass
     table = [tok.token_bytes(i) for i in range(tok.n_vocab)]
@@ -631,8 +639,17 @@ def align(tok: Tokenizer, a: Sequence[int], b: Sequence[int]) -> Alignment:
     if a == b:
         return Alignment(a, b, [], v.table)
     # common prefix/suffix in tokens, compared as packed 8-byte integers (memcmp); they are a's, so valid
-    p = _same_ids(pa, pb, 0, 0, min(na, nb))
-    s = _same_ids_back(pa, pb, min(na, nb) - p)
+    n = min(na, nb)
+    if n <= 512:  # one window each way: the lowest set bit of the XOR is the first difference
+        x, y = pa[: 8 * n], pb[: 8 * n]
+        d = int.from_bytes(x, "little") ^ int.from_bytes(y, "little")
+        p = ((d & -d).bit_length() - 1) // 64 if d else n
+        x, y = pa[8 * (na - n + p) :], pb[8 * (nb - n + p) :]
+        d = int.from_bytes(x, "big") ^ int.from_bytes(y, "big")
+        s = ((d & -d).bit_length() - 1) // 64 if d else n - p
+    else:
+        p = _same_ids(pa, pb, 0, 0, n)
+        s = _same_ids_back(pa, pb, n - p)
     if p < 192:  # bytes before the middle (equal on both sides)
         base = sum(map(v.lens.__getitem__, a[:p]))
     else:

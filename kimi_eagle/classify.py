@@ -88,10 +88,18 @@ class RecordVerdict:
 _SPECIALS: "weakref.WeakKeyDictionary[object, tuple[frozenset[int], dict[int, str], int]]" = weakref.WeakKeyDictionary()
 
 
+_LAST: list = [None, None]  # (weak reference to the last tokenizer, its entry): skips the dictionary lookup
+
+
 def _specials(tok: Tokenizer) -> tuple[frozenset[int], dict[int, str], int]:
     """Special IDs, their texts, and the smallest special ID (a quick "none here" test by ``max``)."""
+    ref, entry = _LAST
+    if ref is not None and ref() is tok:
+        return entry
     try:
-        return _SPECIALS[tok]
+        entry = _SPECIALS[tok]
+        _LAST[:] = weakref.ref(tok), entry
+        return entry
     except (KeyError, TypeError):
         pass
     texts = {s.id: s.text for s in tok.special_tokens}

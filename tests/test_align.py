@@ -232,3 +232,17 @@ def test_byte_slices_and_hunk_bytes_agree_with_the_joined_sequences(kimi):
     for h in al.hunks:
         assert al.a_run_bytes(h) == full_a[h.a_byte_start : h.a_byte_end]
         assert al.b_run_bytes(h) == full_b[h.b_byte_start : h.b_byte_end]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=st.lists(st.sampled_from([15, 16, 17, 1000, 163586]), max_size=40),
+       b=st.lists(st.sampled_from([15, 16, 17, 1000, 163586]), max_size=40))
+def test_repetitive_id_lists_keep_the_invariants(kimi, a, b):
+    """Shared prefixes and suffixes that overlap (repeated tokens), special tokens, empty sides."""
+    al = align(kimi, a, b)
+    check_invariants(kimi, al)
+    assert al.exact == (a == b)
+    if al.hunks:
+        first, last = al.hunks[0], al.hunks[-1]
+        assert a[: first.a_start] == b[: first.b_start] and first.a_start == first.b_start
+        assert len(a) - last.a_end == len(b) - last.b_end
