@@ -246,3 +246,32 @@ def test_repetitive_id_lists_keep_the_invariants(kimi, a, b):
         first, last = al.hunks[0], al.hunks[-1]
         assert a[: first.a_start] == b[: first.b_start] and first.a_start == first.b_start
         assert len(a) - last.a_end == len(b) - last.b_end
+
+
+class _TinyTokenizer:
+    """A complete little vocabulary with a special token and a token of no bytes (no real one has that)."""
+
+    name = "tiny"
+    VOCAB = [b"a", b"b", b"ab", b"ba", b"aa", b"<s>", b" ", b"a b", b""]
+
+    def __init__(self):
+        from kimi_eagle.tokenizer import SpecialToken
+
+        self.n_vocab = len(self.VOCAB)
+        self.special_tokens = [SpecialToken(5, "<s>", True)]
+
+    def token_bytes(self, i):
+        return self.VOCAB[i]
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.lists(st.integers(0, 8), max_size=14), edits=st.lists(st.tuples(st.integers(0, 14), st.integers(0, 2),
+       st.lists(st.integers(0, 8), max_size=2)), max_size=3))
+def test_a_vocabulary_with_an_empty_token_keeps_the_invariants(a, edits):
+    tok = _TinyTokenizer()
+    b = list(a)
+    for pos, cut, ins in edits:
+        b[pos : pos + cut] = ins
+    al = align(tok, a, b)
+    check_invariants(tok, al)
+    assert al.exact == (a == b)
