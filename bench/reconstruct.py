@@ -55,14 +55,14 @@ def main() -> None:
         return sum(len(encode(t, allowed_special="all")) for t in texts)
 
     def single() -> int:
-        rc.clear_caches()  # no cache (runs, prompt blocks) carried over from the previous repeat
+        rc._encoders.clear()  # no cache carried over from the previous repeat
         return sum(rc.reconstruct_record(r, tok, fmt).n_completion_tokens for r in records)
 
     histories = [r["request"]["messages"] for r in records]
 
     def completion_only() -> int:
         """The completion half of reconstruct_record: API fields -> segments -> IDs, spans, flags."""
-        rc.clear_caches()
+        rc._encoders.clear()
         enc, options, n = rc._encoder(tok), rc.ReconstructOptions(), 0
         for r, history in zip(records, histories):
             segments, _ = fmt.completion_segments(rc.parse_turn(r["response"]), history, options)

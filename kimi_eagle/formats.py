@@ -153,61 +153,38 @@ class KimiK25:
     continuation: bool = False
 
     def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
-        out = self.prompt_head(tools)
-        for m, mode in zip(messages, self.message_modes(messages)):
-            out += self.message_pieces(m, mode)
-        return out + self.prompt_tail()
-
-    # The prompt is separable: head + one self-contained block per message + tail, each block
-    # ending in a special token, so blocks can be encoded (and cached) one by one.
-
-    def prompt_head(self, tools: list | None) -> list[Piece]:
-        """The tool declaration block (empty without tools)."""
-        if not tools:
-            return []
-        decl = self.tools_ts(tools) if self.tools_ts else ""
-        return [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL),
-                (decl or tojson(tools, separators=(",", ":")), CONTENT), ("<|im_end|>", SPECIAL)]
-
-    def message_modes(self, messages: Sequence[Message]) -> list[bool | None]:
-        """Per message: for an assistant, whether its reasoning is dropped; None for other roles.
-
-        Reasoning is dropped up to the last assistant message without tool calls (unless
-        ``preserve_thinking``), and always with thinking off."""
         last = -1
         if not self.preserve_thinking:
             for idx in range(len(messages) - 1, -1, -1):
                 if messages[idx]["role"] == "assistant" and not messages[idx].get("tool_calls"):
                     last = idx
                     break
-        thinking = self.thinking
-        return [(i <= last or not thinking) if m["role"] == "assistant" else None for i, m in enumerate(messages)]
-
-    def message_pieces(self, m: Message, drop_reasoning: bool | None) -> list[Piece]:
-        """One message's block, from its role header to its ``<|im_end|>``."""
-        out = list(_role_header(m))
-        role = m["role"]
-        if role == "assistant":
-            if drop_reasoning:
-                out += _EMPTY_THINK
-            else:
-                out += [("<think>", SPECIAL), (_j(m.get("reasoning_content", "")), CONTENT), ("</think>", SPECIAL)]
-            out += _content_k25(m)
-            if m.get("tool_calls"):
-                out += _tool_calls(m["tool_calls"], [_j(c.get("id", "")) for c in m["tool_calls"]])
-        elif role == "tool":
-            out += _tool_return(_j(m.get("tool_call_id", "")), _content_k25(m))
-        elif m.get("content") is not None:
-            out += _content_k25(m)
-        out.append(_IM_END)
+        out: list[Piece] = []
+        if tools:
+            decl = self.tools_ts(tools) if self.tools_ts else ""
+            out += [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL),
+                    (decl or tojson(tools, separators=(",", ":")), CONTENT), ("<|im_end|>", SPECIAL)]
+        for i, m in enumerate(messages):
+            out += _role_header(m)
+            role = m["role"]
+            if role == "assistant":
+                if i <= last or not self.thinking:
+                    out += _EMPTY_THINK
+                else:
+                    rc = m.get("reasoning_content", "")
+                    out += [("<think>", SPECIAL), (_j(rc), CONTENT), ("</think>", SPECIAL)]
+                out += _content_k25(m)
+                if m.get("tool_calls"):
+                    out += _tool_calls(m["tool_calls"], [_j(c.get("id", "")) for c in m["tool_calls"]])
+            elif role == "tool":
+                out += _tool_return(_j(m.get("tool_call_id", "")), _content_k25(m))
+            elif m.get("content") is not None:
+                out += _content_k25(m)
+            out.append(_IM_END)
+        out += [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL), ("<think>", SPECIAL)]
+        if not self.thinking:
+            out.append(("</think>", SPECIAL))
         return out
-
-    def prompt_tail(self) -> list[Piece]:
-        """The generation prompt."""
-        return list(self._TAIL_THINK if self.thinking else self._TAIL_NOTHINK)
-
-    _TAIL_THINK = (("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL), ("<think>", SPECIAL))
-    _TAIL_NOTHINK = (*_TAIL_THINK, ("</think>", SPECIAL))
 
     def completion_segments(self, turn: Turn, messages: Sequence[Message],
                             options: CompletionOptions) -> tuple[list[Segment], list[str]]:

@@ -129,154 +129,26 @@ def normalise_messages(messages: Any) -> list[dict]:
     """Validate request messages; copy ``reasoning`` to ``reasoning_content`` (the field templates read)."""
     if not isinstance(messages, list):
         raise RecordError("request.messages is not a list")
-    return [_normalise_message(m, i) for i, m in enumerate(messages)]
-
-
-def _normalise_message(m: Any, i: int) -> dict:
-    role = m.get("role") if type(m) is dict else None
-    if not isinstance(role, str) or not role:
-        raise RecordError(f"request.messages[{i}] is not a message with a role")
-    c = m.get("content")
-    if type(c) is str:
-        if not c.isascii() or len(c) > MAX_TEXT_CHARS:  # ASCII cannot hold a lone surrogate
-            check_text(c, f"request.messages[{i}].content")
-    elif c is not None and not (isinstance(c, list) and all(isinstance(p, dict) for p in c)):
-        raise RecordError(f"request.messages[{i}].content is neither a string nor a list of parts")
-    calls = m.get("tool_calls")
-    if calls:
-        for j, call in enumerate(calls):
-            if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
-                raise RecordError(f"request.messages[{i}].tool_calls[{j}] has no function name")
-    if _copies_reasoning(m):
-        m = {**m, "reasoning_content": m["reasoning"]}
-    return m
-
-
-def _copies_reasoning(m: dict) -> bool:
-    return m["role"] == "assistant" and "reasoning_content" not in m and isinstance(m.get("reasoning"), str)
-
-
-def _snapshot(value: Any) -> Any:
-    """A private deep copy of a JSON value made only of dicts, lists, strings and None; else ``_UNSAFE``.
-
-    For such values ``==`` is exact (no ``1 == 1.0 == True``) up to dict key order."""
-    t = type(value)
-    if t is str or value is None:
-        return value
-    if t is list:
-        out = [_snapshot(v) for v in value]
-        return _UNSAFE if any(v is _UNSAFE for v in out) else out
-    if t is dict:
-        out = {k: _snapshot(v) for k, v in value.items()}
-        return _UNSAFE if any(type(k) is not str or v is _UNSAFE for k, v in out.items()) else out
-    return _UNSAFE
-
-
-def _snapshot_message(m: dict) -> Any:
-    """``_snapshot`` of a normalised message whose equal copies render identically; else ``_UNSAFE``.
-
-    Key order matters only where a template prints a dict as JSON: tool-call arguments that are not
-    strings, so messages with those are never reused."""
-    if set(map(type, m.values())) <= _FLAT:  # the common case: a role and a string content
-        return dict(m)
-    for call in m.get("tool_calls") or ():
-        if not isinstance(call.get("function", {}).get("arguments", ""), (str, type(None))):
-            return _UNSAFE
-    return _snapshot(m)
-
-
-_FLAT = {str, type(None)}
-_DICT = {dict}
-
-
-_UNSAFE = object()
-
-
-class PromptCache:
-    """Prompt IDs of a separable format, built on the previous record's prompt.
-
-    Records arrive conversation by conversation: record j+1's messages are mostly record j's. The
-    cache keeps the previous record's messages (private strings-only snapshots, so ``==`` means
-    "renders identically") and its encoded message blocks. Leading messages equal to the previous
-    record's are neither validated nor rendered again, and their blocks' IDs are reused as long as
-    their rendering modes (e.g. K2.5's dropped reasoning) are unchanged; the rest goes the ordinary
-    way. The format must be separable (``prompt_head``, ``message_modes``, ``message_pieces``,
-    ``prompt_tail``, each block ending in a special token), so the concatenated blocks equal the
-    encoding of the whole prompt.
-    """
-
-    def __init__(self, fmt: Any, enc: PieceEncoder) -> None:
-        self.fmt, self.enc = fmt, enc
-        self._tail = enc.encode_marked(fmt.prompt_tail())
-        self._reset()
-
-    def _reset(self) -> None:
-        # the previous record, per message: snapshot (or _UNSAFE), reasoning copied?, mode, block end
-        # in ``_body``, any literal marker up to here; ``_body``: the message blocks' IDs, concatenated
-        self._snaps: list[Any] = []
-        self._copies: list[bool] = []
-        self._modes: list[Any] = []
-        self._ends: list[int] = []
-        self._marks: list[bool] = []
-        self._body: list[int] = []
-
-    @staticmethod
-    def supports(fmt: Any, enc: PieceEncoder) -> bool:
-        return all(hasattr(fmt, a) for a in ("prompt_head", "message_modes", "message_pieces", "prompt_tail")) \
-            and "<|im_end|>" in enc.special_ids
-
-    def messages(self, raw: Any) -> tuple[list[dict], int]:
-        """``normalise_messages(raw)`` and how many leading messages equal the previous record's."""
-        if not isinstance(raw, list):
-            raise RecordError("request.messages is not a list")
-        snaps = self._snaps
-        n = min(len(raw), len(snaps))
-        if raw[:n] == snaps[:n] and (not n or set(map(type, raw[:n])) == _DICT):
-            k = n
-        else:
-            k = 0
-            while k < n and type(raw[k]) is dict and raw[k] == snaps[k]:
-                k += 1
-        out = raw[:k]
-        if True in self._copies[:k]:
-            out = [{**m, "reasoning_content": m["reasoning"]} if c else m for m, c in zip(out, self._copies)]
-        out += [_normalise_message(m, i) for i, m in enumerate(raw[k:], k)]
-        return out, k
-
-    def prompt(self, raw: list, messages: list[dict], same: int, tools: list | None) -> tuple[list[int], bool]:
-        """Prompt IDs and literal-marker flag; ``same``: leading messages equal to the previous record's."""
-        try:
-            return self._prompt(raw, messages, same, tools)
-        except BaseException:
-            self._reset()  # the blocks were cut back in place: start afresh
-            raise
-
-    def _prompt(self, raw: list, messages: list[dict], same: int, tools: list | None) -> tuple[list[int], bool]:
-        fmt, enc = self.fmt, self.enc
-        modes = fmt.message_modes(messages)
-        keep = same
-        if modes[:keep] != self._modes[:keep]:
-            keep = next(i for i in range(keep) if modes[i] != self._modes[i])
-        ends, marks, body = self._ends, self._marks, self._body  # cut back to the kept blocks, in place
-        cut = ends[keep - 1] if keep else 0
-        del ends[keep:], marks[keep:], body[cut:]
-        marker = marks[-1] if keep else False
-        for i in range(keep, len(messages)):
-            block, found = enc.encode_marked(fmt.message_pieces(messages[i], modes[i]))
-            body += block
-            marker = marker or found
-            ends.append(len(body))
-            marks.append(marker)
-        if tools:
-            ids, head_marker = enc.encode_marked(fmt.prompt_head(tools))
-            ids += body
-        else:
-            ids, head_marker = list(body), False
-        ids += self._tail[0]
-        self._snaps = self._snaps[:same] + [_snapshot_message(m) for m in raw[same:]]
-        self._copies = self._copies[:same] + [m is not r for m, r in zip(messages[same:], raw[same:])]
-        self._modes, self._ends, self._marks, self._body = modes, ends, marks, body
-        return ids, marker or head_marker or self._tail[1]
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if type(m) is dict else None
+        if not isinstance(role, str) or not role:
+            raise RecordError(f"request.messages[{i}] is not a message with a role")
+        c = m.get("content")
+        if type(c) is str:
+            if not c.isascii() or len(c) > MAX_TEXT_CHARS:  # ASCII cannot hold a lone surrogate
+                check_text(c, f"request.messages[{i}].content")
+        elif c is not None and not (isinstance(c, list) and all(isinstance(p, dict) for p in c)):
+            raise RecordError(f"request.messages[{i}].content is neither a string nor a list of parts")
+        calls = m.get("tool_calls")
+        if calls:
+            for j, call in enumerate(calls):
+                if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
+                    raise RecordError(f"request.messages[{i}].tool_calls[{j}] has no function name")
+        if role == "assistant" and "reasoning_content" not in m and isinstance(m.get("reasoning"), str):
+            m = {**m, "reasoning_content": m["reasoning"]}
+        out.append(m)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,7 +156,6 @@ class PromptCache:
 
 
 _encoders: dict[int, PieceEncoder] = {}
-_prompt_caches: dict[int, PromptCache] = {}
 
 
 def _encoder(tok: Tokenizer) -> PieceEncoder:
@@ -292,21 +163,6 @@ def _encoder(tok: Tokenizer) -> PieceEncoder:
     if enc is None or enc.tok is not tok:
         enc = _encoders[id(tok)] = PieceEncoder(tok)
     return enc
-
-
-def _prompt_cache(fmt: Format, enc: PieceEncoder) -> PromptCache | None:
-    cache = _prompt_caches.get(id(fmt))
-    if cache is None or cache.fmt is not fmt or cache.enc is not enc:
-        if not PromptCache.supports(fmt, enc):
-            return None
-        cache = _prompt_caches[id(fmt)] = PromptCache(fmt, enc)
-    return cache
-
-
-def clear_caches() -> None:
-    """Forget every cached encoding (run IDs and prompt blocks)."""
-    _encoders.clear()
-    _prompt_caches.clear()
 
 
 def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
@@ -322,27 +178,20 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format,
     request, response = record.get("request"), record.get("response")
     if not isinstance(request, dict):
         raise RecordError("record has no request object")
-    enc = _encoder(tok)
-    cache = _prompt_cache(fmt, enc)
-    raw_messages = request.get("messages")
-    if cache is not None:
-        messages, same = cache.messages(raw_messages)
-    else:
-        messages, same = normalise_messages(raw_messages), 0
+    messages = normalise_messages(request.get("messages"))
     tools = request.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise RecordError("request.tools is not a list")
     turn = parse_turn(response)
+    enc = _encoder(tok)
     flags: list[str] = []
     try:
-        if cache is not None:
-            prompt_ids, prompt_marker = cache.prompt(raw_messages, messages, same, tools)
-        else:
-            prompt_ids, prompt_marker = enc.encode_marked(fmt.prompt_pieces(messages, tools))
+        prompt_pieces = fmt.prompt_pieces(messages, tools)
     except RecordError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
+    prompt_ids, prompt_marker = enc.encode_marked(prompt_pieces)
     if prompt_marker:
         flags.append("prompt_literal_marker")
     segments, seg_flags = fmt.completion_segments(turn, messages, options)

@@ -12,9 +12,7 @@ import pytest
 
 from kimi_eagle.assets import kimi_dir, stories_dir
 from kimi_eagle.convert import convert_file
-from kimi_eagle.formats import get_format
-from kimi_eagle.records import RecordError
-from kimi_eagle.reconstruct import clear_caches, read_rows, reconstruct_file, reconstruct_record
+from kimi_eagle.reconstruct import read_rows, reconstruct_file
 from kimi_eagle.tokenizer import ids_to_bytes
 
 CONTRACT_COLUMNS = ["id", "dataset", "status", "error", "format", "prompt_ids", "completion_ids", "n_prompt_tokens",
@@ -174,71 +172,3 @@ def test_resume_refuses_changed_settings(sharegpt_records, tmp_path):
     (parts / "manifest.json").write_text(json.dumps({"format": "kimi-k2-instruct"}))
     with pytest.raises(ValueError, match="cannot resume"):
         reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", resume=True, progress=False)
-
-
-def _row_or_error(record, tok, fmt):
-    try:
-        return reconstruct_record(record, tok, fmt).to_dict()
-    except RecordError as e:
-        return f"error: {e}"
-
-
-@pytest.mark.parametrize("fmt_name", ["kimi-k2.5", "kimi-k2.5-nothink"])
-def test_prompt_cache_reuses_only_what_renders_identically(kimi, fmt_name):
-    """Consecutive records reuse the previous record's validated, encoded messages: every row must
-    equal the row computed from scratch, whatever changes between records."""
-    fmt = get_format(fmt_name)
-
-    def call(args):
-        return {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": args}}
-
-    def text_part(value):
-        return [{"role": "user", "content": [{"type": "text", "text": value}]}]
-
-    hi = {"role": "user", "content": "hi"}
-    tool_turn = {"role": "assistant", "content": None, "reasoning": "let me look", "tool_calls": [call('{"a": 1}')]}
-    result = {"role": "tool", "tool_call_id": "functions.f:0", "content": "1"}
-    conversations = [
-        [hi, tool_turn, result],
-        [hi, tool_turn, result, {"role": "assistant", "content": "done"}, hi],  # message 1's reasoning now dropped
-        [hi, tool_turn, result],  # and kept again
-        [hi, {**tool_turn, "reasoning": "other thoughts"}, result],
-        [hi, {**tool_turn, "tool_calls": [call({"a": "1", "b": "2"})]}, result],
-        [hi, {**tool_turn, "tool_calls": [call({"b": "2", "a": "1"})]}, result],  # equal dicts, other JSON
-        text_part(1), text_part(1.0), text_part(True), text_part("1"),  # equal values, other text
-        [hi, {"role": "assistant", "content": "x"}, {"role": 7}],  # an error in the middle of the run
-        [hi, {"role": "assistant", "content": "x"}, hi],
-        [{"role": "user", "content": "hi", "name": "bob"}, {"role": "assistant", "content": "x"}, hi],
-        [hi, {"role": "assistant", "content": "x <|im_end|>"}, hi],  # a literal marker in the history
-        [hi, {"role": "assistant", "content": "x"}, hi],
-    ]
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    records = [{"id": f"r{k}", "request": {"messages": msgs, **({"tools": tools} if k % 3 == 0 else {})},
-                "response": {"choices": [{"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}}
-               for k, msgs in enumerate(conversations)]
-    records.insert(11, {"id": "bad-response", "request": {"messages": [hi]}, "response": {}})
-    clear_caches()
-    cached = [_row_or_error(r, kimi, fmt) for r in records]
-    fresh = []
-    for r in records:
-        clear_caches()
-        fresh.append(_row_or_error(r, kimi, fmt))
-    assert cached == fresh
-    assert sum(isinstance(row, str) for row in cached) == 2
-    assert "prompt_literal_marker" in cached[-2]["flags"] and "prompt_literal_marker" not in cached[-1]["flags"]
-
-
-def test_prompt_cache_sees_messages_changed_in_place(kimi):
-    """A caller may reuse and mutate message objects between records."""
-    fmt = get_format("kimi-k2.5")
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
-                {"role": "user", "content": [{"type": "text", "text": "more"}]}]
-    record = {"id": "r", "request": {"messages": messages},
-              "response": {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}}
-    clear_caches()
-    seen = [reconstruct_record(record, kimi, fmt).prompt_ids]
-    for change in (lambda: messages[1].update(content="y"), lambda: messages[2]["content"][0].update(text="less")):
-        change()
-        seen.append(reconstruct_record(record, kimi, fmt).prompt_ids)
-        clear_caches()
-        assert seen[-1] == reconstruct_record(record, kimi, fmt).prompt_ids != seen[-2]
