@@ -277,10 +277,10 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_i
         final_rows: list[torch.Tensor] = [None] * len(chunk)  # type: ignore[list-item]
         for batch in batches_by_length([len(s) for s in seqs], max_tokens):
             input_ids, attn = pad_batch([seqs[i] for i in batch])
-            aux, final = extractor(input_ids, attn)
+            aux, final = (t.to(torch_dtype) for t in extractor(input_ids, attn))  # one cast per batch
             for b, i in enumerate(batch):
-                aux_rows[i] = aux[b, : len(seqs[i])].to(torch_dtype)
-                final_rows[i] = final[b, : len(seqs[i])].to(torch_dtype)
+                aux_rows[i] = aux[b, : len(seqs[i])]
+                final_rows[i] = final[b, : len(seqs[i])]
         lengths = torch.tensor([len(s) for s in seqs])
         tensors = {
             "input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long),
