@@ -17,7 +17,6 @@ partial UTF-8).
 from __future__ import annotations
 
 import re
-import weakref
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .tokcache import per_tokenizer
 from .tokenizer import Tokenizer
 
 # Word-sized chunks for the coarse byte diff: runs of word bytes, whitespace, or single others.
@@ -230,23 +230,9 @@ class Vocab:
     special_mask: np.ndarray  # bool by ID: is it a special token
 
 
-_VOCABS: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
-
-
-_LAST: list = [None, None]  # (weak reference to the last tokenizer, its Vocab): skips the dictionary lookup
-
-
+@per_tokenizer
 def vocab(tok: Tokenizer) -> Vocab:
     """The :class:`Vocab` of ``tok``, cached while ``tok`` lives (weak-referenceable tokenizers)."""
-    ref, v = _LAST
-    if ref is not None and ref() is tok:
-        return v
-    try:
-        v = _VOCABS[tok]
-        _LAST[:] = weakref.ref(tok), v
-        return v
-    except (KeyError, TypeError):
-        pass
     table = [tok.token_bytes(i) for i in range(tok.n_vocab)]
     lens = list(map(len, table))
     specials = special_ids(tok)
@@ -256,12 +242,7 @@ def vocab(tok: Tokenizer) -> Vocab:
             plain[i] = b""
     mask = np.zeros(len(table), dtype=bool)
     mask[[i for i in specials if 0 <= i < len(table)]] = True
-    v = Vocab(table, np.array(lens, dtype=np.int64), lens, specials, plain, 0 in lens, mask)
-    try:
-        _VOCABS[tok] = v
-    except TypeError:  # not weak-referenceable: just don't cache
-        pass
-    return v
+    return Vocab(table, np.array(lens, dtype=np.int64), lens, specials, plain, 0 in lens, mask)
 
 
 def byte_table(tok: Tokenizer) -> tuple[list[bytes], np.ndarray]:
@@ -566,7 +547,7 @@ def _align_middle(v: Vocab, a: list[int], b: list[int], pa: bytes, pb: bytes, p:
     Common boundaries are found by merging the byte offsets inside each equal byte block; a run of
     identical tokens after a common boundary is skipped whole (memcmp), so the Python work is in the hunks.
     """
-    lens, table = v.lens, v.table
+    table = v.table
     ao, bo = _offsets(v, a, pa), _offsets(v, b, pb)
     xa, xb = b"".join(map(table.__getitem__, a)), b"".join(map(table.__getitem__, b))
     sa, sb = _special_positions(v, a, pa), _special_positions(v, b, pb)

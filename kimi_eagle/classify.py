@@ -26,11 +26,11 @@ Segments (kind and byte/token ranges) describe the reconstructed side, as in the
 from __future__ import annotations
 
 import json
-import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .align import Alignment, Hunk, align, vocab
+from .tokcache import per_tokenizer
 from .tokenizer import Tokenizer
 
 VERDICTS = ("exact", "bpe_split", "semantic")
@@ -85,30 +85,11 @@ class RecordVerdict:
         return self.hunks[0].hunk.a_start if self.hunks else None
 
 
-_SPECIALS: "weakref.WeakKeyDictionary[object, tuple[frozenset[int], dict[int, str], int]]" = weakref.WeakKeyDictionary()
-
-
-_LAST: list = [None, None]  # (weak reference to the last tokenizer, its entry): skips the dictionary lookup
-
-
+@per_tokenizer
 def _specials(tok: Tokenizer) -> tuple[frozenset[int], dict[int, str], int]:
     """Special IDs, their texts, and the smallest special ID (a quick "none here" test by ``max``)."""
-    ref, entry = _LAST
-    if ref is not None and ref() is tok:
-        return entry
-    try:
-        entry = _SPECIALS[tok]
-        _LAST[:] = weakref.ref(tok), entry
-        return entry
-    except (KeyError, TypeError):
-        pass
     texts = {s.id: s.text for s in tok.special_tokens}
-    entry = (frozenset(texts), texts, min(texts, default=1 << 62))
-    try:
-        _SPECIALS[tok] = entry
-    except TypeError:
-        pass
-    return entry
+    return frozenset(texts), texts, min(texts, default=1 << 62)
 
 
 def is_canonical(tok: Tokenizer, ids: Sequence[int], raw: bytes) -> bool | None:
