@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(PY) -m kimi_eagle.demo --out runs/demo
+	$(PY) -m kimi_eagle.batch.demo --out runs/demo
 
 test: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 -m "not browser" tests

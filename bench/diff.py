@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from kimi_eagle.align import byte_table
+from kimi_eagle.diff.align import byte_table
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.classify import classify
-from kimi_eagle.formats import get_format
-from kimi_eagle.reconstruct import reconstruct_record
-from kimi_eagle.simulate import load_source_records, simulate
-from kimi_eagle.tokenizer import KimiTokenizer, ids_to_bytes
+from kimi_eagle.diff.classify import classify
+from kimi_eagle.reconstruct.formats import get_format
+from kimi_eagle.reconstruct.job import reconstruct_record
+from kimi_eagle.diff.simulate import load_source_records, simulate
+from kimi_eagle.tokenize.tokenizer import KimiTokenizer, ids_to_bytes
 
 
 def workload(tok, per_effect: int, seed: int, sources: list[str]):

@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.collect import story_prompts, write_jsonl
-from kimi_eagle.serve import LocalServer, delivered_engine_records
+from kimi_eagle.engine.collect import story_prompts, write_jsonl
+from kimi_eagle.engine.server import LocalServer, delivered_engine_records
 
 FAULTS = ["--fault-429", "0.03", "--retry-after", "0.5", "--fault-503", "0.03", "--fault-truncate", "0.02",
           "--fault-drop", "0.02", "--fault-seed", "0"]

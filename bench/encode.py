@@ -10,7 +10,7 @@ import json
 import time
 
 from kimi_eagle.assets import data_path, kimi_dir
-from kimi_eagle.tokenizer import KimiTokenizer
+from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 
 def assistant_texts(limit: int | None) -> list[str]:

@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import kimi_eagle.reconstruct as rc
+import kimi_eagle.reconstruct.job as rc
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.completion import SPAN_FIELDS
-from kimi_eagle.convert import convert_file
-from kimi_eagle.formats import get_format
-from kimi_eagle.tokenizer import KimiTokenizer
+from kimi_eagle.reconstruct.completion import SPAN_FIELDS
+from kimi_eagle.reconstruct.convert import convert_file
+from kimi_eagle.reconstruct.formats import get_format
+from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 
 def main() -> None:

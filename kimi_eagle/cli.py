@@ -7,19 +7,19 @@ import sys
 
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "probe": ("kimi_eagle.probe", "probe a tokenizer's special tokens and stop tokens"),
-    "convert": ("kimi_eagle.convert", "convert a real dataset to API records"),
-    "reconstruct": ("kimi_eagle.reconstruct", "reconstruct token IDs from API records"),
-    "simulate": ("kimi_eagle.simulate", "make labelled engine/API pairs with injected effects"),
-    "diff": ("kimi_eagle.diff", "diff engine token IDs against reconstructions by bytes"),
-    "report": ("kimi_eagle.report", "charts and an HTML report from a diff"),
-    "serve": ("kimi_eagle.serve", "an OpenRouter-compatible server over a local HF model"),
-    "collect": ("kimi_eagle.collect", "collect chat completions from an OpenAI/OpenRouter API"),
-    "extract": ("kimi_eagle.hidden", "extract target hidden states for EAGLE-3 training"),
-    "train": ("kimi_eagle.train", "train an EAGLE-3 drafter"),
-    "export": ("kimi_eagle.export", "export a drafter for SGLang or vLLM"),
-    "evaluate": ("kimi_eagle.evaluate", "measure acceptance length with speculative decoding"),
-    "batch": ("kimi_eagle.batch", "run a notebook over a grid of parameters with papermill"),
+    "probe": ("kimi_eagle.tokenize.probe", "probe a tokenizer's special tokens and stop tokens"),
+    "convert": ("kimi_eagle.reconstruct.convert", "convert a real dataset to API records"),
+    "reconstruct": ("kimi_eagle.reconstruct.job", "reconstruct token IDs from API records"),
+    "simulate": ("kimi_eagle.diff.simulate", "make labelled engine/API pairs with injected effects"),
+    "diff": ("kimi_eagle.diff.run", "diff engine token IDs against reconstructions by bytes"),
+    "report": ("kimi_eagle.diff.report", "charts and an HTML report from a diff"),
+    "serve": ("kimi_eagle.engine.server", "an OpenRouter-compatible server over a local HF model"),
+    "collect": ("kimi_eagle.engine.collect", "collect chat completions from an OpenAI/OpenRouter API"),
+    "extract": ("kimi_eagle.eagle3.hidden", "extract target hidden states for EAGLE-3 training"),
+    "train": ("kimi_eagle.eagle3.train", "train an EAGLE-3 drafter"),
+    "export": ("kimi_eagle.eagle3.export", "export a drafter for SGLang or vLLM"),
+    "evaluate": ("kimi_eagle.eagle3.evaluate", "measure acceptance length with speculative decoding"),
+    "batch": ("kimi_eagle.batch.run", "run a notebook over a grid of parameters with papermill"),
 }
 
 

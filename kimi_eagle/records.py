@@ -1,4 +1,4 @@
-"""Record schemas shared across the kit, and JSONL reading that never drops a line.
+"""Record schemas shared across the kit (JSONL reading is in :mod:`kimi_eagle.io`).
 
 Engine record: ``{"id", "output_ids": [...], "prompt_ids"?: [...]}``. SGLang ``/generate``
 output (``output_ids`` + ``meta_info``) and vLLM ``return_token_ids`` output
@@ -6,35 +6,12 @@ output (``output_ids`` + ``meta_info``) and vLLM ``return_token_ids`` output
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 class RecordError(ValueError):
     """One record is malformed; the message says why."""
-
-
-@dataclass(frozen=True)
-class Line:
-    """One JSONL line: its 1-based number and either the parsed object or the parse error."""
-
-    lineno: int
-    obj: Any
-    error: str | None
-
-
-def read_jsonl(path: str | Path) -> Iterator[Line]:
-    """Yield every non-blank line of a JSONL file, parsed or with its error (never skipped)."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                yield Line(lineno, json.loads(raw), None)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                yield Line(lineno, None, f"line {lineno}: not JSON ({e})")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kimi_eagle.assets import asset_path, kimi_dir, stories_dir
-from kimi_eagle.tokenizer import HFTokenizer, KimiTokenizer
+from kimi_eagle.tokenize.tokenizer import HFTokenizer, KimiTokenizer
 
 
 @pytest.fixture(scope="session")

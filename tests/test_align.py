@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_eagle.align import AlignError, align, equal_byte_blocks
-from kimi_eagle.tokenizer import ids_to_bytes
+from kimi_eagle.diff.align import AlignError, align, equal_byte_blocks
+from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 TEXT = ("The quick brown fox jumps over the lazy dog. 世界你好！Ünïcödé — emoji 🦊 and tabs\tand\n\nnewlines; "
         'JSON {"city": "Paris", "unit": "celsius"} and code `for i in range(10): print(i)`.')
@@ -147,7 +147,7 @@ def test_random_splits_and_edits_keep_the_invariants(kimi, seed, n_splits, n_edi
 @settings(max_examples=300, deadline=None)
 @given(x=st.binary(max_size=80), tail_x=st.binary(max_size=12), tail_y=st.binary(max_size=12), limit=st.integers(0, 120))
 def test_common_prefix_and_suffix_helpers_agree_with_a_plain_scan(x, tail_x, tail_y, limit):
-    from kimi_eagle.align import _common_prefix, _common_suffix
+    from kimi_eagle.diff.align import _common_prefix, _common_suffix
 
     a, b = x + tail_x, x + tail_y
     n = min(len(a), len(b))
@@ -158,7 +158,7 @@ def test_common_prefix_and_suffix_helpers_agree_with_a_plain_scan(x, tail_x, tai
 
 
 def test_alignment_works_for_an_hf_byte_level_tokenizer(qwen3):
-    from kimi_eagle.classify import classify
+    from kimi_eagle.diff.classify import classify
 
     text = "Tokenizer-agnostic: 世界 and spaces  here."
     ids = qwen3.encode(text)
@@ -177,7 +177,7 @@ def test_matching_blocks_are_difflibs(x, edits, alphabet):
     """The C-speed block search gives exactly difflib's matching blocks (no junk), ties included."""
     from difflib import SequenceMatcher
 
-    from kimi_eagle.align import _matching_blocks
+    from kimi_eagle.diff.align import _matching_blocks
 
     x = bytes(alphabet[c % len(alphabet)] for c in x)  # a small alphabet makes ties and repeats common
     y = bytearray(x)
@@ -197,7 +197,7 @@ def test_same_ids_helpers_agree_with_a_plain_scan(same, tail_x, tail_y, limit):
     """Runs of equal packed IDs, forwards and backwards (windows, memcmp and the XOR's lowest bit)."""
     from array import array
 
-    from kimi_eagle.align import _same_ids, _same_ids_back
+    from kimi_eagle.diff.align import _same_ids, _same_ids_back
 
     def pack(ids):
         return array("Q", ids).tobytes()
@@ -255,7 +255,7 @@ class _TinyTokenizer:
     VOCAB = [b"a", b"b", b"ab", b"ba", b"aa", b"<s>", b" ", b"a b", b""]
 
     def __init__(self):
-        from kimi_eagle.tokenizer import SpecialToken
+        from kimi_eagle.tokenize.tokenizer import SpecialToken
 
         self.n_vocab = len(self.VOCAB)
         self.special_tokens = [SpecialToken(5, "<s>", True)]

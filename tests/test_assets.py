@@ -5,7 +5,7 @@ import pytest
 
 from kimi_eagle import assets
 from kimi_eagle.assets import AssetError, asset_path, assets_root, candidate_roots, sha256_file
-from kimi_eagle.tokenizer import KimiTokenizer, TokenizerError
+from kimi_eagle.tokenize.tokenizer import KimiTokenizer, TokenizerError
 
 
 def test_search_order_is_explicit_then_env_then_shared(tmp_path, monkeypatch):

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from kimi_eagle.assets import REPO_ROOT
-from kimi_eagle.batch import read_state, run_batch
-from kimi_eagle.batch_summary import write_summary
-from kimi_eagle.batch_grid import GridError, expand, is_secret_name, load_grid, run_name, validate
+from kimi_eagle.batch.run import read_state, run_batch
+from kimi_eagle.batch.summary import write_summary
+from kimi_eagle.batch.grid import GridError, expand, is_secret_name, load_grid, run_name, validate
 from kimi_eagle.cli import main as cli_main
-from kimi_eagle.notebooks import parameter_names
+from kimi_eagle.batch.notebooks import parameter_names
 
 PROBE = Path(__file__).parent / "data" / "batch_probe.ipynb"  # counts its executions, can sleep, can fail
 GRIDS = sorted((REPO_ROOT / "notebooks" / "grids").glob("*.yaml"))

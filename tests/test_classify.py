@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kimi_eagle.classify import classify
+from kimi_eagle.diff.classify import classify
 
 from test_align import split_token
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.convert import convert, convert_file
-from kimi_eagle.reconstruct import read_rows, reconstruct_file
+from kimi_eagle.reconstruct.convert import convert, convert_file
+from kimi_eagle.reconstruct.job import read_rows, reconstruct_file
 
 
 def by_id(records):

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kimi_eagle.cli import main
-from kimi_eagle.diff import read_diff
+from kimi_eagle.diff.run import read_diff
 
 from test_align import split_token
 from test_classify import build, turn

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kimi_eagle import draft_vocab
+from kimi_eagle.eagle3 import draft_vocab
 
 
 def counts_of(rows, vocab=10):

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from kimi_eagle import draft_vocab
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3 import Eagle3Drafter
-from kimi_eagle.hidden import Extractor, load_target
+from kimi_eagle.eagle3.model import Eagle3Drafter
+from kimi_eagle.eagle3.hidden import Extractor, load_target
 
 torch.set_num_threads(1)
 
@@ -127,7 +127,7 @@ def test_attention_matches_a_naive_reference(drafter):
         rep = attn.n_heads // attn.n_kv
 
         def qkv(x, p):
-            from kimi_eagle.eagle3 import apply_rope, rope_cos_sin
+            from kimi_eagle.eagle3.model import apply_rope, rope_cos_sin
 
             cos, sin = rope_cos_sin(p, attn.head_dim, attn.theta)
             q = apply_rope(attn.q_proj(x).view(b, t, attn.n_heads, -1).transpose(1, 2), cos, sin)

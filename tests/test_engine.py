@@ -4,7 +4,7 @@ import json
 import pytest
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine import (
+from kimi_eagle.engine.local import (
     Engine,
     EngineError,
     SamplingParams,
@@ -15,7 +15,7 @@ from kimi_eagle.engine import (
     plain_prompt_ids,
 )
 from kimi_eagle.records import parse_engine_record
-from kimi_eagle.tokenizer import ids_to_bytes
+from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 STORY = [{"role": "user", "content": "Once upon a time"}]
 

@@ -4,12 +4,12 @@ import json
 import pytest
 import torch
 
-from kimi_eagle import draft_vocab
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.cli import main
-from kimi_eagle.eagle3 import Eagle3Drafter
-from kimi_eagle.hidden import load_target
-from kimi_eagle.speculative import (
+from kimi_eagle.eagle3.model import Eagle3Drafter
+from kimi_eagle.eagle3.hidden import load_target
+from kimi_eagle.eagle3.speculative import (
     EagleProposer, NgramProposer, Target, generate, probs_from_logits, speculative_generate,
 )
 
@@ -100,7 +100,7 @@ def test_cli_reports_tau_for_eagle_and_ngram(drafter, tmp_path, capsys):
 
 def test_verification_keeps_the_target_distribution():
     """Accept-with-min(1, p/q), else resample from norm(max(p - q, 0)): tokens are distributed as p."""
-    from kimi_eagle.speculative import verify
+    from kimi_eagle.eagle3.speculative import verify
 
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])
     q = torch.tensor([0.1, 0.6, 0.1, 0.2])

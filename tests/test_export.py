@@ -5,11 +5,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from kimi_eagle import draft_vocab
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.cli import main
-from kimi_eagle.eagle3 import Eagle3Drafter, load_drafter
-from kimi_eagle.hidden import load_target
+from kimi_eagle.eagle3.model import Eagle3Drafter, load_drafter
+from kimi_eagle.eagle3.hidden import load_target
 
 torch.set_num_threads(1)
 
@@ -70,7 +70,7 @@ def test_reloaded_export_reproduces_the_drafter_logits_exactly(native, tmp_path)
 
 
 def test_unknown_engine_is_refused(native, tmp_path):
-    from kimi_eagle.export import export
+    from kimi_eagle.eagle3.export import export
 
     with pytest.raises(ValueError, match="unknown engine"):
         export(native[0], "tgi", tmp_path)

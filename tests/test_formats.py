@@ -5,11 +5,11 @@ import jinja2.sandbox
 import pytest
 
 from kimi_eagle.assets import asset_path
-from kimi_eagle.convert import convert
-from kimi_eagle.formats import FORMATS, HFTemplateFormat, get_format, render
-from kimi_eagle.reconstruct import normalise_messages, reconstruct_record
-from kimi_eagle.tokenizer import ids_to_bytes
-from kimi_eagle.tool_decl import tools_to_typescript
+from kimi_eagle.reconstruct.convert import convert
+from kimi_eagle.reconstruct.formats import FORMATS, HFTemplateFormat, get_format, render
+from kimi_eagle.reconstruct.job import normalise_messages, reconstruct_record
+from kimi_eagle.tokenize.tokenizer import ids_to_bytes
+from kimi_eagle.reconstruct.tool_decl import tools_to_typescript
 
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather.\n\nUse sparingly.",

@@ -6,10 +6,10 @@ import torch
 from safetensors import safe_open
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.hidden import (
+from kimi_eagle.eagle3.hidden import (
     HiddenStates, Row, bytes_per_token, default_layer_ids, engine_layer_ids, extract, load_rows, load_target,
 )
-from kimi_eagle.speculative import generate
+from kimi_eagle.eagle3.speculative import generate
 
 torch.set_num_threads(1)
 

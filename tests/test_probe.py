@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.probe import probe
+from kimi_eagle.tokenize.probe import probe
 
 
 def test_probe_reports_specials_roundtrip_and_plain_text_ids(kimi):

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from kimi_eagle.assets import kimi_dir, stories_dir
-from kimi_eagle.convert import convert_file
-from kimi_eagle.reconstruct import read_rows, reconstruct_file
-from kimi_eagle.tokenizer import ids_to_bytes
+from kimi_eagle.reconstruct.convert import convert_file
+from kimi_eagle.reconstruct.job import read_rows, reconstruct_file
+from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 CONTRACT_COLUMNS = ["id", "dataset", "status", "error", "format", "prompt_ids", "completion_ids", "n_prompt_tokens",
                     "n_completion_tokens", "segments", "flags", "finish_reason", "billed_completion_tokens",

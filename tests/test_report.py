@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from kimi_eagle.cli import main
-from kimi_eagle.report import CHARTS, wilson
+from kimi_eagle.diff.report import CHARTS, wilson
 
 
 def png_size(path):

@@ -6,10 +6,11 @@ import httpx
 import pytest
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine import completion_text
-from kimi_eagle.faults import FaultConfig, FaultInjector
-from kimi_eagle.records import parse_engine_record, read_jsonl
-from kimi_eagle.serve import LocalServer
+from kimi_eagle.engine.local import completion_text
+from kimi_eagle.engine.faults import FaultConfig, FaultInjector
+from kimi_eagle.records import parse_engine_record
+from kimi_eagle.io import read_jsonl
+from kimi_eagle.engine.server import LocalServer
 
 pytestmark = pytest.mark.timeout(180)
 NO_FAULTS = FaultConfig().to_dict()

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.report import confusion, precision_recall
-from kimi_eagle.simulate import EFFECTS, load_source_records, run_benchmark, simulate, write_samples
+from kimi_eagle.diff.report import confusion, precision_recall
+from kimi_eagle.diff.simulate import EFFECTS, load_source_records, run_benchmark, simulate, write_samples
 
 PER_EFFECT = 4
 

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from jinja2.sandbox import SandboxedEnvironment
 
 from kimi_eagle.assets import asset_path
-from kimi_eagle.completion import CompletionOptions
-from kimi_eagle.convert import convert
-from kimi_eagle.formats import KimiK25, get_format, render
-from kimi_eagle.reconstruct import normalise_messages, parse_turn, reconstruct_record
-from kimi_eagle.tokenizer import ids_to_bytes
+from kimi_eagle.reconstruct.completion import CompletionOptions
+from kimi_eagle.reconstruct.convert import convert
+from kimi_eagle.reconstruct.formats import KimiK25, get_format, render
+from kimi_eagle.reconstruct.job import normalise_messages, parse_turn, reconstruct_record
+from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 TEMPLATES = {"kimi-k2.5": "kimi-k2.5", "kimi-k2.5-nothink": "kimi-k2.5", "kimi-k2-thinking": "kimi-k2-thinking",
              "kimi-k2-instruct": "kimi-k2-instruct"}

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from kimi_eagle.assets import asset_path, stories_dir
-from kimi_eagle.tokenizer import (
+from kimi_eagle.tokenize.tokenizer import (
     MAX_RUN_CHARS,
     HFTokenizer,
     KimiTokenizer,

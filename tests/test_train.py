@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from kimi_eagle import draft_vocab
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import REPO_ROOT, stories_dir
-from kimi_eagle.eagle3 import Eagle3Drafter
-from kimi_eagle.hidden import HiddenStates, Row, extract, load_target
-from kimi_eagle.speculative import generate
-from kimi_eagle.train import TTTLoss, TrainConfig, expected_tau, soft_targets, supervised_mask, train
+from kimi_eagle.eagle3.model import Eagle3Drafter
+from kimi_eagle.eagle3.hidden import HiddenStates, Row, extract, load_target
+from kimi_eagle.eagle3.speculative import generate
+from kimi_eagle.eagle3.train import TTTLoss, TrainConfig, expected_tau, soft_targets, supervised_mask, train
 
 torch.set_num_threads(1)
 

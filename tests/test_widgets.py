@@ -6,9 +6,9 @@ import re
 import pytest
 
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.classify import classify
-from kimi_eagle.simulate import load_source_records, run_benchmark, simulate, write_samples
-from kimi_eagle.widgets import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
+from kimi_eagle.diff.classify import classify
+from kimi_eagle.diff.simulate import load_source_records, run_benchmark, simulate, write_samples
+from kimi_eagle.diff.inspector import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
 
 from test_align import split_token
 

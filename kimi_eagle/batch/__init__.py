@@ -1,0 +1,1 @@
+"""Papermill batch runs of the notebooks over parameter grids, their summaries, and the demo."""

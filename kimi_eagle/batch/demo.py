@@ -1,0 +1,46 @@
+"""``make demo``: execute every notebook, in order, on the bundled data into ``runs/demo/``,
+then every grid in ``notebooks/grids/`` with ``kimi-eagle batch`` into ``runs/demo/batch/<grid>/``."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .notebooks import NOTEBOOK_DIR, execute, notebook_runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--batch-workers", type=int, default=2, help="parallel runs for the notebooks/grids batches")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    for notebook, params in notebook_runs("demo"):
+        start = time.perf_counter()
+        print(f"[demo] {notebook.name} ...", flush=True)
+        executed = execute(notebook, out / notebook.stem, params, progress=False)
+        print(f"[demo] {notebook.name} done in {time.perf_counter() - start:.1f}s -> {executed}", flush=True)
+    print(f"[demo] all notebooks executed into {out}/")
+    return run_grids(out / "batch", args.batch_workers)
+
+
+def run_grids(out: Path, workers: int) -> int:
+    """Every shipped grid through ``kimi-eagle batch``; non-zero when a run fails."""
+    from .run import run_batch
+    from .grid import load_grid
+
+    failed = 0
+    for path in sorted((NOTEBOOK_DIR / "grids").glob("*.yaml")):
+        grid = load_grid(path)
+        start = time.perf_counter()
+        print(f"[demo] batch {path.name}: {grid.notebook.name} x {len(grid.runs)} runs ...", flush=True)
+        result = run_batch(grid.notebook, grid, out / path.stem, workers=workers, progress=True)
+        failed += len(result.failed)
+        print(f"[demo] batch {path.name} done in {time.perf_counter() - start:.1f}s, {len(result.failed)} failed "
+              f"-> {result.run_dir / 'summary.html'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

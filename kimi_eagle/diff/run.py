@@ -1,0 +1,354 @@
+"""``kimi-eagle diff``: engine token IDs against reconstructed IDs, by bytes, for every record.
+
+    kimi-eagle diff --engine ENGINE.jsonl --reconstructed RECON.parquet -o DIFF_DIR [--tokenizer DIR] [--labels LABELS]
+
+Writes ``DIFF_DIR/records.parquet`` — one row for every id in either input, with ``status``
+``ok``, ``missing_engine`` (reconstructed only), ``missing_api`` (engine only) or ``error``
+(unparseable or invalid engine record, failed reconstruction, duplicate id, out-of-range IDs) and
+the reason — and ``DIFF_DIR/hunks.parquet``, one row per differing run. Nothing is dropped: the
+record count is the size of the union of the two inputs' ids (plus unparseable engine lines).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .align import AlignError
+from .billing import completion_billing, reasoning_billing, reasoning_tokens
+from .classify import RecordVerdict, classify
+from ..records import RecordError, parse_engine_record
+from ..io import read_jsonl
+from ..tokenize.tokenizer import Tokenizer, load_tokenizer
+
+RECON_COLUMNS = ("id", "status", "completion_ids", "segments")
+STATUSES = ("ok", "missing_engine", "missing_api", "error")
+
+RECORD_SCHEMA = pa.schema([
+    ("id", pa.string()), ("dataset", pa.string()), ("status", pa.string()), ("error", pa.string()),
+    ("verdict", pa.string()), ("label", pa.string()), ("subclasses", pa.list_(pa.string())),
+    ("expected", pa.string()),
+    ("n_engine_tokens", pa.int64()), ("n_recon_tokens", pa.int64()), ("token_delta", pa.int64()),
+    ("n_hunks", pa.int64()), ("n_split_hunks", pa.int64()), ("n_semantic_hunks", pa.int64()),
+    ("engine_canonical", pa.bool_()), ("first_divergence", pa.int64()), ("first_divergence_frac", pa.float64()),
+    ("prompt_match", pa.bool_()), ("format", pa.string()), ("flags", pa.list_(pa.string())),
+    ("finish_reason", pa.string()), ("engine_finish_reason", pa.string()), ("provider", pa.string()),
+    ("billed_completion_tokens", pa.int64()), ("billing_delta", pa.int64()),
+    ("billing_explained", pa.int64()), ("billing_unexplained", pa.int64()),
+    ("billed_reasoning_tokens", pa.int64()), ("recon_reasoning_tokens", pa.int64()),
+    ("reasoning_delta", pa.int64()), ("reasoning_explained", pa.int64()), ("reasoning_unexplained", pa.int64()),
+    ("engine_line", pa.int64()),
+])
+HUNK_SCHEMA = pa.schema([
+    ("id", pa.string()), ("dataset", pa.string()), ("hunk", pa.int64()), ("kind", pa.string()),
+    ("subclass", pa.string()), ("segment", pa.string()),
+    ("engine_tok_start", pa.int64()), ("engine_tok_end", pa.int64()),
+    ("recon_tok_start", pa.int64()), ("recon_tok_end", pa.int64()),
+    ("engine_byte_start", pa.int64()), ("engine_byte_end", pa.int64()),
+    ("recon_byte_start", pa.int64()), ("recon_byte_end", pa.int64()),
+    ("engine_ids", pa.list_(pa.int64())), ("recon_ids", pa.list_(pa.int64())),
+    ("engine_bytes", pa.binary()), ("recon_bytes", pa.binary()),
+    ("token_delta", pa.int64()), ("engine_canonical", pa.bool_()), ("recon_canonical", pa.bool_()),
+])
+
+
+@dataclass
+class EngineEntry:
+    id: str
+    line: int
+    output_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class DiffResult:
+    records: pd.DataFrame
+    hunks: pd.DataFrame
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+
+
+def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
+    """Every engine line by id; bad lines and bad records become entries with an ``error``."""
+    entries: dict[str, EngineEntry] = {}
+    seen: Counter[str] = Counter()
+    for line in read_jsonl(path):
+        if line.error:
+            rid = f"<engine line {line.lineno}>"
+            entries[rid] = EngineEntry(rid, line.lineno, error=line.error)
+            continue
+        raw_id = line.obj.get("id") if isinstance(line.obj, dict) else None
+        try:
+            rec = parse_engine_record(line.obj)
+            entry = EngineEntry(rec.id, line.lineno, rec.output_ids, rec.prompt_ids, rec.finish_reason)
+            entry.error = _check_ids(tok, rec.output_ids, "output_ids") or (
+                _check_ids(tok, rec.prompt_ids, "prompt_ids") if rec.prompt_ids is not None else None)
+        except RecordError as e:
+            rid = str(raw_id) if raw_id is not None else f"<engine line {line.lineno}>"
+            entry = EngineEntry(rid, line.lineno, error=f"engine line {line.lineno}: {e}")
+        seen[entry.id] += 1
+        if seen[entry.id] > 1:
+            first = entries[entry.id]
+            first.error = f"duplicate id in the engine input (lines {first.line} and {line.lineno})"
+            continue
+        entries[entry.id] = entry
+    return entries
+
+
+def _check_ids(tok: Tokenizer, ids: list[int], field: str) -> str | None:
+    if not ids and field == "output_ids":
+        return "engine output_ids is empty"
+    bad = next(((k, i) for k, i in enumerate(ids) if not 0 <= i < tok.n_vocab), None)
+    if bad:
+        return f"engine {field}[{bad[0]}] = {bad[1]} is outside the vocabulary 0..{tok.n_vocab - 1} of {tok.name}"
+    return None
+
+
+def read_reconstructed(path: str | Path) -> list[dict[str, Any]]:
+    """The reconstructed rows; raises ValueError with the reason if the file is not usable."""
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+    missing = [c for c in RECON_COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: not a reconstructed-rows file, missing columns {missing}")
+    return table.to_pylist()
+
+
+def read_labels(path: str | Path) -> dict[str, str]:
+    """``{id: expected label}`` from a ``labels.parquet`` (or JSONL) with ``id`` and ``expected``."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        rows = pq.read_table(path, columns=["id", "expected"]).to_pylist()
+    else:
+        rows = [ln.obj for ln in read_jsonl(path) if ln.obj]
+    return {str(r["id"]): r["expected"] for r in rows}
+
+
+# --------------------------------------------------------------------------------------------
+# diff
+
+
+def _empty_record(rid: str, status: str, error: str | None = None, **extra: Any) -> dict[str, Any]:
+    row = {f.name: None for f in RECORD_SCHEMA}
+    row.update({"subclasses": [], "flags": [], **extra, "id": rid, "status": status, "error": error})
+    return row
+
+
+def _recon_fields(r: dict[str, Any]) -> dict[str, Any]:
+    return dict(dataset=r.get("dataset"), format=r.get("format"), flags=list(r.get("flags") or []),
+                finish_reason=r.get("finish_reason"), provider=r.get("provider"),
+                billed_completion_tokens=r.get("billed_completion_tokens"),
+                billed_reasoning_tokens=r.get("billed_reasoning_tokens"))
+
+
+def diff_record(tok: Tokenizer, eng: EngineEntry, rec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The records row and hunk rows of one id present (and valid) in both inputs."""
+    recon_ids, segments = list(rec["completion_ids"] or []), list(rec.get("segments") or [])
+    row = _empty_record(rec["id"], "ok", engine_line=eng.line, engine_finish_reason=eng.finish_reason, **_recon_fields(rec))
+    try:
+        v = classify(tok, eng.output_ids or [], recon_ids, segments)
+    except AlignError as e:
+        row.update(status="error", error=f"reconstructed completion_ids: {e}")
+        return row, []
+    hunk_rows = [_hunk_row(rec["id"], row["dataset"], k, hv, v) for k, hv in enumerate(v.hunks)]
+    row.update(_verdict_fields(v))
+    if eng.prompt_ids is not None and rec.get("prompt_ids") is not None:
+        row["prompt_match"] = list(eng.prompt_ids) == list(rec["prompt_ids"])
+    cb = completion_billing(row["billed_completion_tokens"], v.n_recon, v.n_engine)
+    in_reasoning = [hv.hunk.token_delta for hv in v.hunks if "reasoning" in hv.segment.split("+")]
+    rb = reasoning_billing(row["billed_reasoning_tokens"], segments, in_reasoning)
+    row.update(billing_delta=cb.delta, billing_explained=cb.explained, billing_unexplained=cb.unexplained,
+               recon_reasoning_tokens=rb.reconstructed, reasoning_delta=rb.delta,
+               reasoning_explained=rb.explained, reasoning_unexplained=rb.unexplained)
+    return row, hunk_rows
+
+
+def _verdict_fields(v: RecordVerdict) -> dict[str, Any]:
+    first = v.first_divergence
+    return dict(verdict=v.verdict, label=v.label, subclasses=list(v.subclasses),
+                n_engine_tokens=v.n_engine, n_recon_tokens=v.n_recon, token_delta=v.token_delta,
+                n_hunks=len(v.hunks), n_split_hunks=sum(h.kind == "split" for h in v.hunks),
+                n_semantic_hunks=sum(h.kind == "semantic" for h in v.hunks),
+                engine_canonical=v.engine_canonical, first_divergence=first,
+                first_divergence_frac=None if first is None else first / max(v.n_engine, 1))
+
+
+def _hunk_row(rid: str, dataset: str | None, k: int, hv, v: RecordVerdict) -> dict[str, Any]:
+    h, al = hv.hunk, v.alignment
+    return dict(id=rid, dataset=dataset, hunk=k, kind=hv.kind, subclass=hv.subclass, segment=hv.segment,
+                engine_tok_start=h.a_start, engine_tok_end=h.a_end, recon_tok_start=h.b_start, recon_tok_end=h.b_end,
+                engine_byte_start=h.a_byte_start, engine_byte_end=h.a_byte_end,
+                recon_byte_start=h.b_byte_start, recon_byte_end=h.b_byte_end,
+                engine_ids=al.a[h.a_start : h.a_end], recon_ids=al.b[h.b_start : h.b_end],
+                engine_bytes=al.a_run_bytes(h), recon_bytes=al.b_run_bytes(h), token_delta=h.token_delta,
+                engine_canonical=hv.engine_canonical, recon_canonical=hv.recon_canonical)
+
+
+def diff_rows(tok: Tokenizer, engine: dict[str, EngineEntry], recon_rows: Iterable[dict[str, Any]],
+              labels: dict[str, str] | None = None) -> DiffResult:
+    """Diff every id of either input. Row order: reconstructed order, then engine-only ids."""
+    labels = labels or {}
+    records: list[dict[str, Any]] = []
+    hunks: list[dict[str, Any]] = []
+    seen: Counter[str] = Counter()
+    for rec in recon_rows:
+        rid = str(rec["id"])
+        seen[rid] += 1
+        if seen[rid] > 1:
+            first = next(r for r in records if r["id"] == rid)
+            first.update(status="error", error="duplicate id in the reconstructed input", verdict=None, label=None)
+            hunks = [h for h in hunks if h["id"] != rid]
+            continue
+        eng = engine.get(rid)
+        if rec.get("status") != "ok":
+            row = _empty_record(rid, "error", f"reconstruction: {rec.get('error') or rec.get('status')}", **_recon_fields(rec))
+        elif eng is None:
+            row = _empty_record(rid, "missing_engine", "no engine record with this id", **_recon_fields(rec))
+        elif eng.error:
+            row = _empty_record(rid, "error", eng.error, engine_line=eng.line, **_recon_fields(rec))
+        else:
+            row, hunk_rows = diff_record(tok, eng, rec)
+            hunks += hunk_rows
+        records.append(row)
+    for rid, eng in engine.items():
+        if rid not in seen:
+            status = "error" if eng.error else "missing_api"
+            records.append(_empty_record(rid, status, eng.error or "no reconstructed row with this id", engine_line=eng.line))
+    for row in records:
+        row["expected"] = labels.get(row["id"])
+    return DiffResult(pa.Table.from_pylist(records, schema=RECORD_SCHEMA).to_pandas(),
+                      pa.Table.from_pylist(hunks, schema=HUNK_SCHEMA).to_pandas())
+
+
+def diff_files(tok: Tokenizer, engine_path: str | Path, recon_path: str | Path,
+               labels_path: str | Path | None = None) -> DiffResult:
+    labels = read_labels(labels_path) if labels_path else None
+    return diff_rows(tok, read_engine(engine_path, tok), read_reconstructed(recon_path), labels)
+
+
+def sample_pair(api_path: str | Path, engine_path: str | Path, n: int | None, out_dir: str | Path) -> tuple[Path, Path]:
+    """The first ``n`` API records (all if ``n`` is None) and the engine lines with the same ids.
+
+    Engine lines that are not JSON or have no id are kept (they become error rows), so sampling
+    never hides bad input. Written to ``out_dir/api.jsonl`` and ``out_dir/engine.jsonl``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    api_lines, ids = [], set()
+    with open(api_path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            if n is not None and len(api_lines) == n:
+                break
+            api_lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+            try:
+                ids.add(str(json.loads(raw).get("id")))
+            except (ValueError, AttributeError):
+                pass
+    engine_lines = []
+    with open(engine_path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+                rid = obj.get("id", (obj.get("meta_info") or {}).get("id"))
+            except (ValueError, AttributeError):
+                rid = None
+            if rid is None or str(rid) in ids:
+                engine_lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
+    paths = (out / "api.jsonl", out / "engine.jsonl")
+    for path, lines in zip(paths, (api_lines, engine_lines)):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(b"".join(lines))
+        os.replace(tmp, path)
+    return paths
+
+
+# --------------------------------------------------------------------------------------------
+# output
+
+
+def _write_parquet(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_diff(result: DiffResult, out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """Write ``records.parquet``, ``hunks.parquet`` and ``meta.json`` atomically into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_parquet(result.records, RECORD_SCHEMA, out / "records.parquet")
+    _write_parquet(result.hunks, HUNK_SCHEMA, out / "hunks.parquet")
+    meta = {**(meta or {}), "n_records": len(result.records), "n_hunks": len(result.hunks),
+            "status": result.records["status"].value_counts().to_dict()}
+    tmp = out / ".meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, default=str))
+    os.replace(tmp, out / "meta.json")
+    return out
+
+
+def read_diff(diff_dir: str | Path) -> DiffResult:
+    """Read a diff directory back; raises ValueError naming the file if one is missing or corrupt."""
+    d = Path(diff_dir)
+    frames = []
+    for name in ("records.parquet", "hunks.parquet"):
+        path = d / name
+        if not path.is_file():
+            raise ValueError(f"{d}: no {name} here (is this the output of `kimi-eagle diff`?)")
+        try:
+            frames.append(pq.read_table(path).to_pandas())
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+    return DiffResult(*frames)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True, help="engine records (JSONL: id + output_ids, SGLang or vLLM shape)")
+    p.add_argument("--reconstructed", required=True, help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
+    p.add_argument("-o", "--out", required=True, help="output directory (records.parquet, hunks.parquet, meta.json)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
+    p.add_argument("--labels", default=None, help="expected labels (labels.parquet from `kimi-eagle simulate`)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..assets import kimi_dir
+
+    recon_rows = read_reconstructed(args.reconstructed)  # refuse a bad file before loading the tokenizer
+    labels = read_labels(args.labels) if args.labels else None
+    tok = load_tokenizer(args.tokenizer or kimi_dir())
+    result = diff_rows(tok, read_engine(args.engine, tok), recon_rows, labels)
+    out = write_diff(result, args.out, {"engine": str(args.engine), "reconstructed": str(args.reconstructed),
+                                        "tokenizer": tok.name, "labels": args.labels})
+    counts = result.records["status"].value_counts().to_dict()
+    labels = result.records["label"].value_counts().to_dict()
+    print(f"{len(result.records)} records ({counts}), {len(result.hunks)} hunks; labels {labels} -> {out}")
+    return 0

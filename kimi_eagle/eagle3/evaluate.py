@@ -1,0 +1,137 @@
+"""``kimi-eagle evaluate --target DIR --draft DIR --prompts FILE [--k 4]``: measured acceptance length.
+
+Runs real speculative decoding (:mod:`kimi_eagle.eagle3.speculative`) on CPU for every prompt, greedy and
+sampled, with the EAGLE-3 drafter and with the prompt-lookup n-gram baseline on the same prompts.
+τ = (accepted drafts + 1) per verification round, pooled over prompts (total tokens / total rounds).
+Greedy outputs are also checked token for token against target-only greedy decoding.
+
+Prompts: ``.jsonl`` lines with ``prompt`` (text; encoded as ``[BOS] + encode(text)``, the ``plain``
+format) or ``prompt_ids``; or a text file with one prompt per line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .hidden import load_target
+from .speculative import EagleProposer, NgramProposer, Target, generate, speculative_generate
+
+
+def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, list[int]]]:
+    """``[(id, prompt_ids)]``; a bad line raises ValueError naming it."""
+    from ..io import read_jsonl
+    from ..tokenize.tokenizer import HFTokenizer
+
+    path = Path(path)
+    tok = HFTokenizer.from_dir(target_dir)
+    bos = _bos_id(target_dir)
+    encode = lambda text: ([bos] if bos is not None else []) + tok.encode(text)  # noqa: E731
+    prompts = []
+    if path.suffix == ".jsonl":
+        for line in read_jsonl(path):
+            if line.error or not isinstance(line.obj, dict):
+                raise ValueError(f"{path}: {line.error or f'line {line.lineno}: not an object'}")
+            obj = line.obj
+            pid = str(obj.get("id", line.lineno))
+            if "prompt_ids" in obj:
+                prompts.append((pid, [int(i) for i in obj["prompt_ids"]]))
+            elif isinstance(obj.get("prompt", obj.get("text")), str):
+                prompts.append((pid, encode(obj.get("prompt", obj.get("text")))))
+            else:
+                raise ValueError(f"{path}: line {line.lineno}: needs prompt or prompt_ids")
+    else:
+        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if text.strip():
+                prompts.append((str(n), encode(text)))
+    return prompts
+
+
+def _bos_id(target_dir: str | Path) -> int | None:
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    return cfg.get("bos_token_id")
+
+
+def _eos_id(model) -> int | None:
+    eos = model.config.eos_token_id
+    return eos[0] if isinstance(eos, (list, tuple)) else eos
+
+
+def evaluate(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]], *,
+             k: int = 4, max_new_tokens: int = 64, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
+             ngram: bool = True, model=None, drafter=None) -> dict:
+    """Acceptance length of each method at each temperature; returns a JSON-able report."""
+    from .model import load_drafter
+
+    model = model if model is not None else load_target(target_dir)
+    eos = _eos_id(model)
+    proposers = []
+    if drafter is None and draft_dir is not None:
+        drafter = load_drafter(draft_dir, target_dir)
+    if drafter is not None:
+        drafter.eval()
+        proposers.append((EagleProposer(drafter), Target(model, drafter.config.aux_layer_ids)))
+    if ngram:
+        proposers.append((NgramProposer(model.config.vocab_size), Target(model)))
+    references = {pid: generate(model, ids, max_new_tokens, 0.0, eos) for pid, ids in prompts} if 0.0 in temperatures else {}
+    report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "methods": {}}
+    for proposer, target in proposers:
+        per_method = {}
+        for temperature in temperatures:
+            g = torch.Generator().manual_seed(seed)
+            accepted = rounds = tokens = identical = 0
+            taus, seconds = [], 0.0
+            for pid, ids in prompts:
+                r = speculative_generate(target, proposer, ids, max_new_tokens, k, temperature, eos, g)
+                accepted += sum(r.accepted)
+                rounds += r.rounds
+                tokens += len(r.tokens)
+                seconds += r.seconds
+                taus.append(r.tau)
+                if temperature == 0.0:
+                    identical += r.tokens == references[pid]
+            entry = {"tau": round((accepted + rounds) / rounds, 4) if rounds else None, "rounds": rounds,
+                     "accepted": accepted, "tokens": tokens, "seconds": round(seconds, 3),
+                     "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+                     "per_prompt_tau": [round(t, 3) for t in taus]}
+            if temperature == 0.0:
+                entry["identical_to_target_greedy"] = f"{identical}/{len(prompts)}"
+            per_method["greedy" if temperature == 0.0 else f"t={temperature:g}"] = entry
+        report["methods"][proposer.name] = per_method
+        if target.extractor is not None:
+            target.extractor.close()
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="HF target model directory")
+    p.add_argument("--draft", help="drafter directory (kimi-eagle train output or an export); omit for the n-gram baseline only")
+    p.add_argument("--prompts", required=True, help=".jsonl with prompt / prompt_ids, or one prompt per line")
+    p.add_argument("--k", type=int, default=4, help="draft chain length")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ngram", action="store_true")
+    p.add_argument("-o", "--out", help="write the report JSON here as well")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    prompts = load_prompts(args.prompts, args.target)
+    t0 = time.perf_counter()
+    report = evaluate(args.target, args.draft, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
+                      temperatures=[float(t) for t in args.temperatures.split(",")], seed=args.seed, ngram=not args.no_ngram)
+    report["seconds"] = round(time.perf_counter() - t0, 2)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    for name, per in report["methods"].items():
+        for mode, e in per.items():
+            extra = f"  identical to target greedy: {e['identical_to_target_greedy']}" if "identical_to_target_greedy" in e else ""
+            print(f"{name:8s} {mode:7s} tau={e['tau']}  rounds={e['rounds']}  tokens={e['tokens']}{extra}")
+    return 0

@@ -1,0 +1,114 @@
+"""``kimi-eagle export DRAFT --engine sglang|vllm -o OUT``: a drafter as an engine-loadable EAGLE-3 checkpoint.
+
+Writes ``config.json`` (``architectures: ["LlamaForCausalLMEagle3"]``, a one-layer Llama config plus
+``draft_vocab_size``, ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids`` in
+the engine's own layer convention) and ``model.safetensors`` with ``midlayer.*``, ``fc.weight``,
+``norm.weight``, ``lm_head.weight``, ``d2t`` and ``t2d`` — no embeddings (engines share the target's).
+A ``kimi_eagle`` block in the config keeps the 0-based block-output ids so the export reloads exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from .model import Eagle3Config, load_drafter
+from .hidden import CONVENTION, engine_layer_ids
+
+ENGINES = ("sglang", "vllm")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def engine_config(cfg: Eagle3Config, engine: str, dtype: torch.dtype) -> dict:
+    ids = engine_layer_ids(cfg.aux_layer_ids, engine)
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "torch_dtype": TORCH_DTYPE_NAMES[dtype],
+        "use_cache": True,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "kimi_eagle": {
+            "engine": engine, "aux_layer_ids_block_output": list(cfg.aux_layer_ids),
+            "layer_id_convention": CONVENTION, "target_num_layers": cfg.target_num_layers,
+        },
+    }
+
+
+def config_from_engine(raw: dict) -> Eagle3Config:
+    """Rebuild an :class:`Eagle3Config` from an exported ``config.json``."""
+    meta = raw.get("kimi_eagle") or {}
+    ids = meta.get("aux_layer_ids_block_output")
+    if ids is None:  # a foreign export: assume the vLLM "capture before block j" convention
+        ids = [i - 1 for i in raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    return Eagle3Config(
+        hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+        num_attention_heads=raw["num_attention_heads"], num_key_value_heads=raw["num_key_value_heads"],
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
+        rms_norm_eps=raw["rms_norm_eps"], rope_theta=raw.get("rope_theta", 10000.0), vocab_size=raw["vocab_size"],
+        draft_vocab_size=raw["draft_vocab_size"], target_hidden_size=raw.get("target_hidden_size", raw["hidden_size"]),
+        max_position_embeddings=raw["max_position_embeddings"], aux_layer_ids=list(ids),
+        target_num_layers=meta.get("target_num_layers", max(ids) + 1),
+        bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
+    )
+
+
+def export(draft: str | Path, engine: str, out: str | Path, dtype: str = "fp32") -> Path:
+    """Write the engine checkpoint of the drafter at ``draft`` into ``out``; returns ``out``."""
+    from safetensors.torch import save_file
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
+    model = load_drafter(draft)
+    torch_dtype = DTYPES[dtype]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name == "embed_tokens.weight":
+            continue
+        state[name] = tensor.to(torch_dtype).contiguous() if tensor.is_floating_point() else tensor.contiguous()
+    config = engine_config(model.config, engine, torch_dtype)
+    tmp = out / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    (out / "config.json.tmp").write_text(json.dumps(config, indent=2))
+    (out / "config.json.tmp").replace(out / "config.json")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("draft", help="a drafter directory written by `kimi-eagle train`")
+    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (fp32 reproduces training exactly)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = export(args.draft, args.engine, args.out, args.dtype)
+    cfg = json.loads((out / "config.json").read_text())
+    print(json.dumps({"out": str(out), "engine": args.engine,
+                      "eagle_aux_hidden_state_layer_ids": cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+                      "draft_vocab_size": cfg["draft_vocab_size"]}))
+    return 0

@@ -1,0 +1,388 @@
+"""Target hidden states for EAGLE-3 training: 3 auxiliary block outputs plus the final hidden state.
+
+Layer ids are **0-based block-output indices**: id ``i`` is the output of decoder block ``i`` (the
+residual stream after block ``i``; HF ``output_hidden_states[i + 1]``). ``final`` is the last block's
+output after the final norm, so ``target.lm_head(final)`` are the target's logits. Engines count
+differently; :func:`engine_layer_ids` converts (see docs/eagle3.md for the table).
+
+Storage: a directory of safetensors shards plus ``manifest.json``. Each shard holds, for its rows
+concatenated along tokens: ``input_ids`` int64 [T], ``loss_mask`` uint8 [T], ``aux`` [T, 3H],
+``final`` [T, H] (bf16 or fp16), ``offsets`` int64 [rows + 1] and ``row_index`` int64 [rows]
+(the row's position in the input). Shards are written atomically and the manifest after every
+shard, so an interrupted extraction resumes where it stopped. :class:`HiddenStates` reads rows
+through memory-mapped safetensors.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+
+from ..io import write_bytes as _atomic_write_bytes
+from ..assets import sha256_file
+
+MANIFEST = "manifest.json"
+FORMAT = "kimi-eagle-hidden/1"
+CONVENTION = "0-based block-output index (HF hidden_states[i + 1])"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# ------------------------------------------------------------------------------------------
+# layer ids
+
+
+def default_layer_ids(n_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low/mid/high layers as 0-based block outputs.
+
+    ``(1, L//2 - 1, L - 4)`` when strictly increasing (Kimi's 61 layers -> 1, 29, 57); otherwise an
+    evenly spread distinct triple over blocks 1..L-2 (1..L-1, then 0..L-1 for very small models).
+    Block 0 is avoided when possible because SGLang cannot express it (see :func:`engine_layer_ids`).
+    """
+    lo, mid, hi = 1, n_layers // 2 - 1, n_layers - 4
+    if lo < mid < hi:
+        return lo, mid, hi
+    for first, last in ((1, n_layers - 2), (1, n_layers - 1), (0, n_layers - 1)):
+        if last - first >= 2:
+            span = last - first
+            ids = (first, first + int(span / 2 + 0.5), last)
+            if ids[0] < ids[1] < ids[2]:
+                return ids
+    raise ValueError(f"a target with {n_layers} layers has no 3 distinct block outputs")
+
+
+def check_layer_ids(layer_ids: Sequence[int], n_layers: int) -> tuple[int, int, int]:
+    ids = tuple(int(i) for i in layer_ids)
+    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= i < n_layers for i in ids):
+        raise ValueError(f"layer ids must be 3 distinct block indices in [0, {n_layers - 1}], got {list(layer_ids)}")
+    return ids  # type: ignore[return-value]
+
+
+def engine_layer_ids(layer_ids: Sequence[int], engine: str) -> list[int]:
+    """``eagle_aux_hidden_state_layer_ids`` for an engine, from 0-based block-output indices.
+
+    * ``vllm`` (and speculators): an id ``j`` captures the residual stream *before* block ``j``,
+      i.e. the output of block ``j - 1``: write ``i + 1``.
+    * ``sglang``: captures before block ``j`` too, but adds 1 to the configured ids only when the
+      first id is 1 (it then reads them as block outputs); otherwise it uses them as they are. So ids
+      starting at 1 are written unchanged and others as ``i + 1``; block 0 cannot be expressed.
+    """
+    ids = [int(i) for i in layer_ids]
+    if engine == "vllm":
+        return [i + 1 for i in ids]
+    if engine == "sglang":
+        if ids[0] == 1:
+            return ids
+        if ids[0] == 0:
+            raise ValueError("SGLang cannot express block output 0 (written as 1 it is read as block output 1)")
+        return [i + 1 for i in ids]
+    raise ValueError(f"unknown engine {engine!r} (sglang or vllm)")
+
+
+# ------------------------------------------------------------------------------------------
+# input rows
+
+
+@dataclass
+class Row:
+    """One training sequence: token ids and a loss mask (1 = a completion token to be predicted)."""
+
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def row_from_obj(obj: Any, index: int) -> Row:
+    """A row from ``{input_ids, loss_mask}``, a reconstructed row (``prompt_ids``, ``completion_ids``,
+    ``status``) or an engine record (``prompt_ids``, ``output_ids``). Raises ValueError with a reason."""
+    if not isinstance(obj, dict):
+        raise ValueError("row is not an object")
+    rid = str(obj.get("id", index))
+    if obj.get("error") and "status" not in obj:  # an engine record that failed
+        raise ValueError(f"error: {obj['error']}")
+    if obj.get("status", "ok") != "ok":
+        raise ValueError(f"status {obj.get('status')!r}: {obj.get('error')}")
+    if "input_ids" in obj:
+        ids, mask = list(obj["input_ids"]), list(obj.get("loss_mask") or [1] * len(obj["input_ids"]))
+    else:
+        completion = obj.get("completion_ids", obj.get("output_ids"))
+        if completion is None:
+            raise ValueError("row has no input_ids, completion_ids or output_ids")
+        prompt = list(obj.get("prompt_ids") or [])
+        ids, mask = prompt + list(completion), [0] * len(prompt) + [1] * len(completion)
+    if len(ids) != len(mask):
+        raise ValueError(f"input_ids ({len(ids)}) and loss_mask ({len(mask)}) differ in length")
+    if len(ids) < 2:
+        raise ValueError("row has fewer than 2 tokens")
+    if not any(mask):
+        raise ValueError("row has no supervised tokens")
+    return Row(rid, [int(i) for i in ids], [1 if m else 0 for m in mask])
+
+
+def load_rows(path: str | Path) -> tuple[list[Row], list[dict]]:
+    """Rows from ``.parquet`` (reconstructed rows) or ``.jsonl``; returns ``(rows, skipped)`` where every
+    unusable record is in ``skipped`` as ``{index, id, reason}``."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        objs: Iterable[tuple[Any, str | None]] = ((o, None) for o in pq.read_table(path).to_pylist())
+    else:
+        from ..io import read_jsonl
+
+        objs = ((line.obj, line.error) for line in read_jsonl(path))
+    rows, skipped = [], []
+    for index, (obj, error) in enumerate(objs):
+        try:
+            if error:
+                raise ValueError(error)
+            rows.append(row_from_obj(obj, index))
+        except (ValueError, TypeError) as e:
+            rid = obj.get("id") if isinstance(obj, dict) else None
+            skipped.append({"index": index, "id": None if rid is None else str(rid), "reason": str(e)})
+    return rows, skipped
+
+
+# ------------------------------------------------------------------------------------------
+# extraction
+
+
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model.eval()
+    return model
+
+
+def target_hash(path: str | Path) -> str:
+    """sha256 over the target's config and weight files (names and contents)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.iterdir() if p.name == "config.json" or p.suffix == ".safetensors"):
+        h.update(f"{f.name}:{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+class Extractor:
+    """Runs the target's base model once per batch and returns ``(aux [B,T,3H], final [B,T,H])``.
+
+    Forward hooks record only the three requested block outputs; the LM head is never run.
+    """
+
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.model = model
+        self.base = model.model
+        self.layer_ids = check_layer_ids(layer_ids, len(self.base.layers))
+        self._captured: dict[int, torch.Tensor] = {}
+        self._handles = [self.base.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+
+    def _hook(self, i: int):
+        def hook(_module, _inputs, output):
+            self._captured[i] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        self._captured.clear()
+        final = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        aux = torch.cat([self._captured[i] for i in self.layer_ids], dim=-1)
+        self._captured.clear()
+        return aux, final
+
+
+def pad_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids, attention_mask)``; causal attention keeps real positions exact."""
+    n = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), n, dtype=torch.long)
+    mask = torch.zeros(len(seqs), n, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s)
+        mask[b, : len(s)] = 1
+    return ids, mask
+
+
+def batches_by_length(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group indexes (sorted by length) so each padded batch holds at most ``max_tokens`` tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and lengths[i] * (len(batches[-1]) + 1) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    _atomic_write_bytes(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+
+def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_ids: Sequence[int] | None = None,
+            dtype: str = "bf16", shard_rows: int = 256, max_tokens: int = 4096, max_len: int | None = None,
+            skipped: Sequence[dict] = (), model=None, progress: bool = False) -> dict:
+    """Extract hidden states of ``rows`` into ``out``; resumes from an existing manifest. Returns the manifest."""
+    from safetensors.torch import save
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model if model is not None else load_target(target)
+    n_layers = model.config.num_hidden_layers
+    ids = check_layer_ids(layer_ids, n_layers) if layer_ids is not None else default_layer_ids(n_layers)
+    max_len = max_len or int(getattr(model.config, "max_position_embeddings", 1 << 30))
+    data_hash = hashlib.sha256(json.dumps([[r.id, r.input_ids, r.loss_mask] for r in rows]).encode()).hexdigest()
+    settings = {
+        "format": FORMAT, "dtype": dtype, "layer_ids": list(ids), "layer_id_convention": CONVENTION,
+        "n_layers": n_layers, "hidden_size": model.config.hidden_size, "vocab_size": model.config.vocab_size,
+        "target": str(target), "target_sha256": target_hash(target), "data_sha256": data_hash,
+        "shard_rows": shard_rows, "max_len": max_len,
+    }
+    manifest_path = out / MANIFEST
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        changed = [k for k, v in settings.items() if k != "target" and manifest.get(k) != v]
+        if changed:
+            raise ValueError(f"{out} holds an extraction with different {', '.join(changed)}; use a new directory")
+    else:
+        manifest = {**settings, "n_rows": len(rows), "skipped": list(skipped), "shards": []}
+    done = {s["file"] for s in manifest["shards"] if (out / s["file"]).exists()}
+    manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
+    extractor = Extractor(model, ids)
+    torch_dtype = DTYPES[dtype]
+    n_shards = (len(rows) + shard_rows - 1) // shard_rows
+    shard_iter: Iterable[int] = range(n_shards)
+    if progress:
+        from tqdm.auto import tqdm
+
+        shard_iter = tqdm(shard_iter, desc="extract", unit="shard")
+    for k in shard_iter:
+        name = f"shard-{k:05d}.safetensors"
+        if name in done:
+            continue
+        start = k * shard_rows
+        chunk = rows[start : start + shard_rows]
+        seqs = [r.input_ids[:max_len] for r in chunk]
+        aux_rows: list[torch.Tensor] = [None] * len(chunk)  # type: ignore[list-item]
+        final_rows: list[torch.Tensor] = [None] * len(chunk)  # type: ignore[list-item]
+        for batch in batches_by_length([len(s) for s in seqs], max_tokens):
+            input_ids, attn = pad_batch([seqs[i] for i in batch])
+            aux, final = (t.to(torch_dtype) for t in extractor(input_ids, attn))  # one cast per batch
+            for b, i in enumerate(batch):
+                aux_rows[i] = aux[b, : len(seqs[i])]
+                final_rows[i] = final[b, : len(seqs[i])]
+        lengths = torch.tensor([len(s) for s in seqs])
+        tensors = {
+            "input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long),
+            "loss_mask": torch.tensor([m for r, s in zip(chunk, seqs) for m in r.loss_mask[: len(s)]], dtype=torch.uint8),
+            "aux": torch.cat(aux_rows), "final": torch.cat(final_rows),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+            "row_index": torch.arange(start, start + len(chunk), dtype=torch.long),
+        }
+        data = save(tensors, metadata={"format": FORMAT})
+        _atomic_write_bytes(out / name, data)
+        manifest["shards"].append({
+            "file": name, "rows": [start, start + len(chunk)], "n_tokens": int(lengths.sum()),
+            "ids": [r.id for r in chunk], "truncated": sum(len(r.input_ids) > max_len for r in chunk),
+            "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+        })
+        manifest["shards"].sort(key=lambda s: s["file"])
+        _summarise(manifest)
+        _write_manifest(out, manifest)
+    _summarise(manifest)
+    _write_manifest(out, manifest)
+    return manifest
+
+
+def _summarise(manifest: dict) -> None:
+    n_tokens = sum(s["n_tokens"] for s in manifest["shards"])
+    n_bytes = sum(s["bytes"] for s in manifest["shards"])
+    manifest["n_tokens"] = n_tokens
+    manifest["bytes"] = n_bytes
+    manifest["bytes_per_token"] = round(n_bytes / n_tokens, 2) if n_tokens else None
+    manifest["truncated_rows"] = sum(s["truncated"] for s in manifest["shards"])
+    manifest["complete"] = sum(s["rows"][1] - s["rows"][0] for s in manifest["shards"]) == manifest["n_rows"]
+
+
+def bytes_per_token(hidden_size: int, dtype_bytes: int = 2) -> int:
+    """Payload per token: aux (3H) + final (H) values, an int64 id and a uint8 mask."""
+    return 4 * hidden_size * dtype_bytes + 8 + 1
+
+
+# ------------------------------------------------------------------------------------------
+# reading
+
+
+class HiddenStates:
+    """Memory-mapped reader of an extraction directory: ``len(hs)`` rows, ``hs[i]`` -> dict of tensors."""
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self.manifest = json.loads((self.path / MANIFEST).read_text())
+        self.layer_ids = tuple(self.manifest["layer_ids"])
+        self.hidden_size = int(self.manifest["hidden_size"])
+        self._files = [safe_open(str(self.path / s["file"]), framework="pt") for s in self.manifest["shards"]]
+        self._index: list[tuple[int, int, int]] = []  # (file, start, end) per row
+        self.row_ids: list[str] = []
+        for k, (f, s) in enumerate(zip(self._files, self.manifest["shards"])):
+            offsets = f.get_tensor("offsets").tolist()
+            self._index.extend((k, a, b) for a, b in zip(offsets[:-1], offsets[1:]))
+            self.row_ids.extend(s["ids"])
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        f, a, b = self._index[i]
+        file = self._files[f]
+        return {name: file.get_slice(name)[a:b] for name in ("input_ids", "loss_mask", "aux", "final")}
+
+    def lengths(self) -> list[int]:
+        return [b - a for _, a, b in self._index]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (self[i] for i in range(len(self)))
+
+    def verify(self) -> list[str]:
+        """Files whose sha256 differs from the manifest (empty when all are intact)."""
+        return [s["file"] for s in self.manifest["shards"] if sha256_file(self.path / s["file"]) != s["sha256"]]
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="HF target model directory")
+    p.add_argument("--data", required=True, help="rows: reconstructed .parquet, or .jsonl with input_ids/loss_mask or engine records")
+    p.add_argument("-o", "--out", required=True, help="output directory (resumes if it holds a partial extraction)")
+    p.add_argument("--layers", help="comma-separated 0-based block-output indices (default: EAGLE-3's low/mid/high)")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--shard-rows", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per forward batch")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    rows, skipped = load_rows(args.data)
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    t0 = time.perf_counter()
+    m = extract(args.target, rows, args.out, layer_ids=layers, dtype=args.dtype, shard_rows=args.shard_rows,
+                max_tokens=args.max_tokens, skipped=skipped, progress=True)
+    print(json.dumps({"out": args.out, "rows": m["n_rows"], "skipped": len(m["skipped"]), "tokens": m["n_tokens"],
+                      "layer_ids": m["layer_ids"], "bytes_per_token": m["bytes_per_token"],
+                      "seconds": round(time.perf_counter() - t0, 2)}))
+    return 0

@@ -1,0 +1,367 @@
+"""``kimi-eagle train``: train an EAGLE-3 drafter on extracted hidden states, with training-time test.
+
+Loss: for each unroll step ``k`` (default 7 steps, weight ``0.8**k``), position ``t`` predicts token
+``x[t+2+k]`` (see :mod:`kimi_eagle.eagle3.model`). Its soft target is the target model's distribution at
+that point — ``softmax(target.lm_head(final[t+1+k]))`` restricted to the draft vocabulary and
+renormalised, which equals a softmax over the target's logits of the draft tokens only, so only those
+``Vd`` rows of the frozen ``lm_head`` are ever multiplied. A position is supervised when
+``loss_mask[t+2+k] == 1`` — the mask is indexed by the token being predicted, so the first completion
+token counts and prompt tokens never do. Each step's cross-entropy is summed over supervised
+positions and divided by their number.
+
+Runs single-process or under ``torchrun`` (DDP; gloo on CPU). Checkpoints hold the drafter, optimizer,
+scheduler, RNG states and the data position; ``--resume`` continues exactly where a run stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..io import atomic_path, write_text
+from . import draft_vocab
+from .model import Eagle3Drafter, shift_left, target_tensor
+from .hidden import HiddenStates
+
+
+@dataclass
+class TrainConfig:
+    data: str  # hidden-state directory (kimi-eagle extract)
+    target: str  # HF target directory (config, embeddings, lm_head)
+    out: str
+    steps: int = 200
+    ttt_steps: int = 7
+    step_weight: float = 0.8
+    batch_size: int = 8  # rows per process per optimizer step
+    lr: float = 3e-3
+    warmup: float = 0.05  # fraction of steps
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    draft_vocab_size: int = 256
+    seed: int = 0
+    save_every: int = 50
+    log_every: int = 10
+    resume: bool = False
+    stop_after: int | None = None  # stop (with a checkpoint) after this many steps in total: simulates an interruption
+    progress: bool = True
+
+
+# ------------------------------------------------------------------------------------------
+# loss
+
+
+class TTTLoss(nn.Module):
+    """The drafter plus its training objective, so that one ``forward`` is one DDP step."""
+
+    def __init__(self, drafter: Eagle3Drafter, target_head: torch.Tensor, steps: int, step_weight: float):
+        super().__init__()
+        self.drafter = drafter
+        self.register_buffer("target_head", target_head, persistent=False)  # [Vd, H] rows of the target lm_head
+        self.steps, self.step_weight = steps, step_weight
+
+    def forward(self, aux, input_ids, loss_mask, final):
+        """Returns ``(loss, stats)``; ``stats[k] = (weighted CE sum, correct, supervised)`` of step k."""
+        logits_per_step = self.drafter.unroll(aux, input_ids, self.steps)
+        loss = aux.new_zeros((), dtype=torch.float)
+        stats = []
+        for k, logits in enumerate(logits_per_step):
+            with torch.no_grad():
+                p = soft_targets(shift_left(final, 1 + k).float(), self.target_head)
+            mask = supervised_mask(loss_mask, k)
+            ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+            n = mask.sum()
+            step_loss = (ce * mask).sum() / n.clamp(min=1)
+            loss = loss + self.step_weight**k * step_loss
+            correct = ((logits.argmax(-1) == p.argmax(-1)).float() * mask).sum()
+            stats.append(torch.stack([(ce * mask).sum().detach(), correct, n]))
+        return loss, torch.stack(stats)
+
+
+def soft_targets(final: torch.Tensor, target_head_rows: torch.Tensor) -> torch.Tensor:
+    """The target's next-token distribution restricted to the draft vocabulary and renormalised."""
+    return torch.softmax(final @ target_head_rows.float().T, dim=-1)
+
+
+def supervised_mask(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
+    """Float mask [B,T] of the positions supervised at unroll ``step``: ``loss_mask[t + 2 + step]``."""
+    return shift_left(loss_mask, 2 + step).float()
+
+
+def expected_tau(acc: Sequence[float]) -> float:
+    """Acceptance length if step ``k`` is accepted with probability ``acc[k]`` given all earlier ones were:
+    ``1 + sum_k prod_{j<=k} acc[j]``."""
+    tau, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        tau += run
+    return tau
+
+
+# ------------------------------------------------------------------------------------------
+# data
+
+
+def collate(rows: Sequence[dict]) -> dict[str, torch.Tensor]:
+    """Right-pad rows to the longest: ids 0, mask 0, hidden states 0."""
+    n = max(r["input_ids"].shape[0] for r in rows)
+    out = {}
+    for name in ("input_ids", "loss_mask", "aux", "final"):
+        parts = []
+        for r in rows:
+            x = r[name]
+            pad = torch.zeros((n - x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype)
+            parts.append(torch.cat([x, pad]))
+        out[name] = torch.stack(parts)
+    out["aux"], out["final"] = out["aux"].float(), out["final"].float()
+    return out
+
+
+def batch_indices(n_rows: int, batch_size: int, world: int, rank: int, step: int, seed: int) -> list[int]:
+    """The rows rank ``rank`` trains on at global ``step``: epoch-wise seeded permutations, each global
+    batch of ``batch_size * world`` rows split round-robin between ranks (the data position is ``step``)."""
+    per_step = batch_size * world
+    per_epoch = max(1, n_rows // per_step)
+    epoch, index = divmod(step, per_epoch)
+    perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+    chunk = [perm[(index * per_step + j) % n_rows] for j in range(per_step)]
+    return chunk[rank::world]
+
+
+# ------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def save_checkpoint(path: Path, drafter, optimizer, scheduler, step: int, cfg: TrainConfig, vocab_report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "step": step, "rng": _rng_state(), "config": asdict(cfg), "draft_vocab": vocab_report,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def param_digest(module: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------
+# training
+
+
+def _lr_lambda(steps: int, warmup: float):
+    w = max(1, int(steps * warmup))
+
+    def f(step: int) -> float:
+        if step < w:
+            return (step + 1) / w
+        progress = (step - w) / max(1, steps - w)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train (or resume) and return the summary; rank 0 writes ``out/drafter``, logs, plot and metrics."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    distributed = world > 1
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    out = Path(cfg.out)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+
+    data = HiddenStates(cfg.data)
+    counts = draft_vocab.supervised_counts(((r["input_ids"], r["loss_mask"]) for r in data), data.manifest["vocab_size"])
+    vocab = draft_vocab.build(counts, min(cfg.draft_vocab_size, int(counts.numel())))
+    target_config = SimpleNamespace(**json.loads((Path(cfg.target) / "config.json").read_text()))  # no transformers import
+    lm_head = target_tensor(cfg.target, "lm_head.weight")
+    drafter = Eagle3Drafter.from_target_weights(target_config, target_tensor(cfg.target, "embed_tokens.weight"),
+                                                lm_head, vocab, data.layer_ids, seed=cfg.seed)
+    module = TTTLoss(drafter, lm_head[vocab.draft_to_target].float(), cfg.ttt_steps, cfg.step_weight)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.steps, cfg.warmup))
+    ckpt_path = out / "checkpoint" / "last.pt"
+    step = 0
+    if cfg.resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        drafter.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        step = int(state["step"])
+    wrapped = module
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(module, broadcast_buffers=False)
+
+    log_path = out / "train_log.jsonl"
+    if rank == 0:
+        history = [h for h in _read_log(log_path) if h["step"] <= step] if step else []
+        _write_log(log_path, history)
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    bar = None
+    if rank == 0 and cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step")
+    window = torch.zeros(cfg.ttt_steps, 3)
+    seen: list[int] = []
+    start = time.perf_counter()
+    tokens = 0
+    while step < end:
+        idx = batch_indices(len(data), cfg.batch_size, world, rank, step, cfg.seed)
+        seen.extend(idx)
+        batch = collate([data[i] for i in idx])
+        tokens += int(batch["input_ids"].numel())
+        loss, stats = wrapped(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        if distributed:
+            dist.all_reduce(stats)
+        window += stats
+        if step % cfg.log_every == 0 or step == end:
+            entry = _log_entry(step, window, scheduler.get_last_lr()[0])
+            window.zero_()
+            if rank == 0:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+                if bar is not None:
+                    bar.set_postfix(loss=f"{entry['loss']:.3f}", acc0=f"{entry['acc'][0]:.2f}", tau=f"{entry['expected_tau']:.2f}")
+        if bar is not None:
+            bar.update(1)
+        if rank == 0 and (step % cfg.save_every == 0 or step == end):
+            save_checkpoint(ckpt_path, drafter, optimizer, scheduler, step, cfg, vocab.report())
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - start
+    summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "draft_vocab": vocab.report(),
+               "layer_ids": list(data.layer_ids), "train_tokens_per_s": round(tokens * world / seconds, 1) if seconds else None}
+    if distributed:
+        (out / f"ddp_rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": world, "rows": seen,
+                                                               "params_sha256": param_digest(drafter)}))
+    if rank == 0:
+        history = _read_log(log_path)
+        if history:
+            summary.update(final=history[-1])
+            plot_history(history, out / "train_curves.png")
+        if step >= cfg.steps:
+            drafter.save(out / "drafter", extra={"draft_vocab": vocab.report(), "training": asdict(cfg)})
+        (out / "train_metrics.json").write_text(json.dumps(summary, indent=1))
+    if distributed:
+        dist.barrier()
+    return summary
+
+
+def _log_entry(step: int, window: torch.Tensor, lr: float) -> dict:
+    ce, correct, n = window.T
+    acc = (correct / n.clamp(min=1)).tolist()
+    per_step_loss = (ce / n.clamp(min=1)).tolist()
+    return {"step": step, "lr": lr, "loss": round(per_step_loss[0], 5), "step_loss": [round(x, 5) for x in per_step_loss],
+            "acc": [round(a, 5) for a in acc], "supervised": n.tolist(), "expected_tau": round(expected_tau(acc), 4)}
+
+
+def _read_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_log(path: Path, history: list[dict]) -> None:
+    write_text(path, "".join(json.dumps(h) + "\n" for h in history))
+
+
+def plot_history(history: list[dict], path: str | Path) -> Path:
+    """Loss (step 0) and accuracy of every unroll step over training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k in range(len(history[0]["acc"])):
+        a1.plot(steps, [h["step_loss"][k] for h in history], label=f"step {k}", alpha=0.8)
+        a2.plot(steps, [h["acc"][k] for h in history], label=f"step {k}", alpha=0.8)
+    a1.set(title="soft cross-entropy per unroll step", xlabel="optimizer step", ylabel="loss")
+    a2.set(title="top-1 agreement with the target (draft vocab)", xlabel="optimizer step", ylabel="accuracy", ylim=(0, 1))
+    a2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig("", "", "")
+    p.add_argument("--data", required=True, help="hidden-state directory from `kimi-eagle extract`")
+    p.add_argument("--target", required=True, help="HF target model directory")
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps)
+    p.add_argument("--step-weight", type=float, default=d.step_weight)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rows per process per step")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/last.pt if present")
+    p.add_argument("--stop-after", type=int, help="stop after this many steps (checkpointed), e.g. to test resuming")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    cfg = TrainConfig(
+        data=args.data, target=args.target, out=args.out, steps=args.steps, ttt_steps=args.ttt_steps,
+        step_weight=args.step_weight, batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size,
+        seed=args.seed, save_every=args.save_every, log_every=args.log_every, resume=args.resume,
+        stop_after=args.stop_after, progress=not args.no_progress,
+    )
+    summary = train(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: summary[k] for k in ("step", "finished", "world_size", "train_tokens_per_s")}
+                         | {"final": summary.get("final")}))
+    return 0

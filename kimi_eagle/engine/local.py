@@ -1,0 +1,305 @@
+"""A small local engine: sample from any HF causal LM and record the token IDs it produced.
+
+The API gives text; validation needs the IDs a real engine sampled. ``Engine.generate`` runs a
+plain KV-cached sampling loop (temperature, top-p, seeded ``torch.Generator``) over a
+``transformers`` model and returns the prompt IDs, the output IDs (ending with the EOS ID when
+one was sampled) and the finish reason. ``engine_record`` turns that into the engine-record
+schema of docs/CONTRACTS.md, with the sampling parameters alongside, so a run can be replayed.
+
+Chat formats (how messages become prompt IDs):
+
+- ``plain``: ``[BOS] + encode(concatenation of the message contents)`` -- a format with no
+  template, for base models such as stories260K.
+- ``template``: the tokenizer's own Jinja chat template, rendered with the generation prompt
+  and encoded with special tokens allowed.
+
+The completion text an engine returns is the bytes of the sampled tokens decoded *in context*
+(``completion_text``): a first token ``▁Once`` gives ``" Once"``, leading space kept, as real
+engines' incremental detokenizers do; a final EOS contributes nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import secrets
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+
+CHAT_FORMATS = ("plain", "template")
+
+
+class EngineError(ValueError):
+    """A request the engine cannot serve (prompt too long, bad parameters); the message says why."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters. ``temperature == 0`` is greedy; ``seed=None`` draws a fresh seed (recorded)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = None  # None: up to the model's context length
+
+    def validate(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100):
+            raise EngineError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
+            raise EngineError(f"seed must be an integer, got {self.seed!r}")
+        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise EngineError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+
+
+@dataclass
+class Generation:
+    """One sampled completion: ``output_ids`` ends with an EOS ID iff ``finish_reason == "stop"``."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str  # "stop" (EOS sampled) or "length" (max_tokens or the context length reached)
+    sampling: SamplingParams
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plain_prompt_ids(tok: Tokenizer, messages: Sequence[dict], bos_id: int | None) -> list[int]:
+    """The ``plain`` chat format: ``[BOS] + encode(concatenated message contents)``."""
+    text = "".join(message_text(m) for m in messages)
+    return ([bos_id] if bos_id is not None else []) + tok.encode(text)
+
+
+def message_text(message: dict) -> str:
+    """A message's text content (a string, or the ``text`` parts of an OpenAI content list)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    raise EngineError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def completion_bytes(tok: Tokenizer, output_ids: Sequence[int], eos_ids: Iterable[int]) -> bytes:
+    """The bytes an engine returns for ``output_ids``: every token's bytes, a final EOS excluded."""
+    ids = list(output_ids)
+    if ids and ids[-1] in set(eos_ids):
+        ids = ids[:-1]
+    return b"".join(tok.token_bytes(i) for i in ids)
+
+
+def completion_text(tok: Tokenizer, output_ids: Sequence[int], eos_ids: Iterable[int]) -> str:
+    """``completion_bytes`` as UTF-8 (invalid bytes replaced, as engines do for cut-off characters)."""
+    return completion_bytes(tok, output_ids, eos_ids).decode("utf-8", errors="replace")
+
+
+def engine_record(record_id: str, gen: Generation, model: str | None = None, chat_format: str | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """An engine record (docs/CONTRACTS.md) with the sampling parameters and finish reason."""
+    rec: dict[str, Any] = {"id": record_id, "prompt_ids": gen.prompt_ids, "output_ids": gen.output_ids,
+                           "finish_reason": gen.finish_reason, "sampling": asdict(gen.sampling)}
+    if model is not None:
+        rec["model"] = model
+    if chat_format is not None:
+        rec["chat_format"] = chat_format
+    rec.update(extra)
+    return rec
+
+
+def default_model_name(model_dir: str | Path) -> str:
+    """``.../stories260K/hf`` -> ``stories260K``; otherwise the directory name."""
+    p = Path(model_dir).resolve()
+    return p.parent.name if p.name in {"hf", "model", "checkpoint"} else p.name
+
+
+class Engine:
+    """An HF causal LM plus its tokenizer, sampling one sequence at a time (thread-safe)."""
+
+    def __init__(self, model: Any, tok: Tokenizer, name: str, chat_format: str | None = None,
+                 eos_ids: Sequence[int] = (), bos_id: int | None = None, context_length: int | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.tok = tok
+        self.name = name
+        self.eos_ids = list(eos_ids)
+        self.bos_id = bos_id
+        self.context_length = context_length
+        template = getattr(tok, "chat_template", None)
+        self.chat_format = chat_format or ("template" if template else "plain")
+        if self.chat_format not in CHAT_FORMATS:
+            raise EngineError(f"unknown chat format {self.chat_format!r}; expected one of {CHAT_FORMATS}")
+        if self.chat_format == "template" and not template:
+            raise EngineError(f"{name}: the tokenizer has no chat template; use the plain format")
+        self._lock = threading.Lock()
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5.x renamed it
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, chat_format: str | None = None, name: str | None = None,
+                 threads: int | None = None, stop_ids: Sequence[int] | None = None) -> "Engine":
+        """Load ``model_dir`` (weights + ``tokenizer.json``) on the CPU in float32.
+
+        ``stop_ids`` replaces the config's ``eos_token_id`` as the tokens that end a generation.
+        """
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise EngineError(f"{model_dir}: no config.json (not an HF model directory)")
+        if threads:
+            torch.set_num_threads(threads)
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        config = AutoConfig.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        tok = load_tokenizer(model_dir)
+        eos = config.eos_token_id
+        eos_ids = list(stop_ids) if stop_ids else [eos] if isinstance(eos, int) else list(eos or [])
+        if not eos_ids and isinstance(tok, HFTokenizer):
+            eos_ids = [s.id for s in tok.special_tokens if s.text in ("</s>", "<|endoftext|>", "<|im_end|>")]
+        context = getattr(config, "max_position_embeddings", None)
+        return cls(model, tok, name or default_model_name(model_dir), chat_format, eos_ids,
+                   config.bos_token_id, context)
+
+    # ---- prompts
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Render chat ``messages`` in this engine's chat format."""
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise EngineError("messages must be a non-empty list of objects")
+        if self.chat_format == "plain":
+            return plain_prompt_ids(self.tok, messages, self.bos_id)
+        import jinja2
+
+        specials = {s.text for s in self.tok.special_tokens}
+        config = getattr(self.tok, "config", {})
+        text = jinja2.Environment().from_string(self.tok.chat_template).render(
+            messages=messages, add_generation_prompt=True,
+            bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")))
+        return self.tok.encode(text, allow_special=specials)
+
+    def text_prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A ``/v1/completions`` prompt: a string (BOS prepended) or a list of token IDs as given."""
+        if isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            if not prompt or not all(0 <= i < self.tok.n_vocab for i in prompt):
+                raise EngineError("prompt token IDs must be a non-empty list within the vocabulary")
+            return list(prompt)
+        if not isinstance(prompt, str):
+            raise EngineError("prompt must be a string or a list of token IDs")
+        return ([self.bos_id] if self.bos_id is not None else []) + self.tok.encode(prompt)
+
+    # ---- sampling
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Sample one completion. The seed actually used is recorded in ``Generation.sampling``."""
+        sampling.validate()
+        torch = self.torch
+        prompt = list(prompt_ids)
+        room = (self.context_length - len(prompt)) if self.context_length else None
+        if room is not None and room < 1:
+            raise EngineError(f"prompt has {len(prompt)} tokens; the context length is {self.context_length}")
+        max_new = sampling.max_tokens if sampling.max_tokens is not None else (room or 256)
+        if room is not None:
+            max_new = min(max_new, room)
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+        used = SamplingParams(sampling.temperature, sampling.top_p, seed, sampling.max_tokens)
+        gen = torch.Generator().manual_seed(seed)
+        eos = set(self.eos_ids)
+        out: list[int] = []
+        finish = "length"
+        start = time.perf_counter()
+        with self._lock, torch.inference_mode():
+            result = self.model(input_ids=torch.tensor([prompt]), use_cache=True)
+            while True:
+                token = self._sample(result.logits[0, -1], used, gen)
+                out.append(token)
+                if token in eos:
+                    finish = "stop"
+                    break
+                if len(out) >= max_new:
+                    break
+                cache = getattr(result, self._cache_arg, None)
+                result = self.model(input_ids=torch.tensor([[token]]), use_cache=True, **{self._cache_arg: cache})
+        return Generation(prompt, out, finish, used, time.perf_counter() - start)
+
+    def _sample(self, logits: Any, sp: SamplingParams, gen: Any) -> int:
+        torch = self.torch
+        logits = logits.float()
+        if sp.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / sp.temperature, dim=-1)
+        if sp.top_p < 1:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = (torch.cumsum(sorted_p, dim=-1) - sorted_p) < sp.top_p  # the smallest nucleus >= top_p
+            sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+            return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)])
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def text(self, gen: Generation) -> str:
+        return completion_text(self.tok, gen.output_ids, self.eos_ids)
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("content", "")
+    return value or ""
+
+
+# ---- command line: python -m kimi_eagle.engine.local PROMPTS.jsonl -o ENGINE.jsonl --model DIR
+
+
+def generate_records(engine: Engine, prompts: Iterable[dict], sampling: SamplingParams) -> Iterable[dict]:
+    """Engine records for prompt lines ``{"id", "messages"}`` or ``{"id", "prompt"}``; bad lines get an ``error``."""
+    for i, p in enumerate(prompts):
+        rid = str(p.get("id", f"line-{i + 1}")) if isinstance(p, dict) else f"line-{i + 1}"
+        try:
+            if not isinstance(p, dict):
+                raise EngineError("prompt line is not a JSON object")
+            ids = engine.prompt_ids(p["messages"]) if "messages" in p else engine.text_prompt_ids(p.get("prompt"))
+            seed = p.get("seed", None if sampling.seed is None else sampling.seed + i)
+            gen = engine.generate(ids, SamplingParams(sampling.temperature, sampling.top_p, seed, sampling.max_tokens))
+            yield engine_record(rid, gen, engine.name, engine.chat_format)
+        except (EngineError, KeyError) as e:
+            yield {"id": rid, "error": str(e)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..io import read_jsonl
+
+    p = argparse.ArgumentParser(prog="python -m kimi_eagle.engine.local", description=__doc__.split("\n")[0])
+    p.add_argument("prompts", help="JSONL of {id, messages} or {id, prompt}")
+    p.add_argument("-o", "--output", required=True, help="engine-record JSONL to write")
+    p.add_argument("--model", required=True, help="HF model directory")
+    p.add_argument("--chat-format", choices=CHAT_FORMATS)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, help="seed of the first prompt; prompt i uses seed + i")
+    p.add_argument("--max-tokens", type=int)
+    args = p.parse_args(argv)
+    engine = Engine.from_dir(args.model, args.chat_format)
+    prompts = [line.obj if line.error is None else None for line in read_jsonl(args.prompts)]
+    sampling = SamplingParams(args.temperature, args.top_p, args.seed, args.max_tokens)
+    tmp = Path(args.output + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in generate_records(engine, prompts, sampling):
+            f.write(json.dumps(rec) + "\n")
+    tmp.replace(args.output)
+    print(f"wrote {len(prompts)} engine records to {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""``kimi-eagle serve``: an OpenRouter-compatible HTTP server over a local HF causal LM.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` return the OpenRouter response shape
+(text only: ``provider``, ``choices[0].finish_reason``, ``native_finish_reason``, ``usage``) and
+append the token IDs actually sampled to an engine-record file (docs/CONTRACTS.md), one line per
+delivered response. The record's ``id`` is the request's ``X-Record-Id`` header (``kimi-eagle
+collect`` sends its record id there) or else the response id; ``response_id`` is always the
+response's ``id``, so a record pairs with exactly one stored response even after retries.
+
+The chat format (``plain`` for models without a template, such as stories260K: BOS + the
+concatenated message contents) is stated at start-up, in ``GET /v1/models`` and in the
+``X-Chat-Format`` response header. Faults (kimi_eagle.engine.faults) are off unless flags set them;
+``--admin`` adds ``GET/POST /admin/faults`` and ``GET /admin/stats``; ``--api-key-env NAME`` makes
+the server require ``Authorization: Bearer $NAME`` (401 otherwise), like a real API.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .local import CHAT_FORMATS, Engine, EngineError, Generation, SamplingParams, engine_record
+from .faults import Fault, FaultConfig, FaultInjector
+
+DEFAULT_PROVIDER = "kimi-eagle-local"
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error_body(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"code": status, "message": message}}
+
+
+class RecordLog:
+    """Appends engine records as JSONL, one ``write`` per complete line, flushed at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    if body.get("stream"):
+        raise RequestError(400, "streaming is not supported by this server")
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "n must be 1")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    sp = SamplingParams(
+        temperature=1.0 if body.get("temperature") is None else body["temperature"],
+        top_p=1.0 if body.get("top_p") is None else body["top_p"],
+        seed=body.get("seed"),
+        max_tokens=max_tokens,
+    )
+    try:
+        sp.validate()
+    except EngineError as e:
+        raise RequestError(400, str(e)) from None
+    return sp
+
+
+def _check_routing(body: dict[str, Any], provider: str) -> None:
+    """OpenRouter provider routing, as far as one provider can honour it (404 when it is excluded)."""
+    prefs = body.get("provider")
+    if prefs is None:
+        return
+    if not isinstance(prefs, dict):
+        raise RequestError(400, "provider must be an object")
+    name = provider.lower()
+    only = [str(p).lower() for p in prefs.get("only") or []]
+    ignore = [str(p).lower() for p in prefs.get("ignore") or []]
+    order = [str(p).lower() for p in prefs.get("order") or []]
+    excluded = (only and name not in only) or name in ignore
+    excluded = excluded or (order and name not in order and prefs.get("allow_fallbacks") is False)
+    if excluded:
+        raise RequestError(404, "No endpoints found matching your provider preferences")
+
+
+class App:
+    """The ASGI application: routes, fault injection, generation in a worker thread, record logging."""
+
+    def __init__(self, engine: Engine, records: str | Path, faults: FaultConfig | None = None,
+                 provider: str = DEFAULT_PROVIDER, admin: bool = False, api_key: str | None = None) -> None:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        self.engine = engine
+        self.log = RecordLog(records)
+        self.faults = FaultInjector(faults)
+        self.provider = provider
+        self._api_key = api_key
+        self.stats = {"requests": 0, "delivered": 0, "errors": 0}
+        routes = [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        if admin:
+            routes += [Route("/admin/faults", self.admin_faults, methods=["GET", "POST"]),
+                       Route("/admin/stats", self.admin_stats, methods=["GET"])]
+        self.app = Starlette(routes=routes)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+    # ---- informational routes
+
+    def model_card(self) -> dict[str, Any]:
+        e = self.engine
+        return {"id": e.name, "object": "model", "owned_by": self.provider, "chat_format": e.chat_format,
+                "context_length": e.context_length, "bos_token_id": e.bos_id, "eos_token_ids": e.eos_ids,
+                "chat_format_description": ("BOS + the concatenated message contents, no template"
+                                            if e.chat_format == "plain" else "the tokenizer's chat template")}
+
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
+
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", "model": self.engine.name, "chat_format": self.engine.chat_format})
+
+    async def admin_faults(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.method == "POST":
+            try:
+                self.faults.configure(FaultConfig.from_dict(await request.json()))
+            except (ValueError, TypeError) as e:
+                return JSONResponse(_error_body(400, str(e)), status_code=400)
+        return JSONResponse(self.faults.config.to_dict())
+
+    async def admin_stats(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({**self.stats, "faults": dict(self.faults.counts)})
+
+    # ---- generation routes
+
+    async def chat(self, request: Any) -> Any:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Any) -> Any:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Any, chat: bool) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        self.stats["requests"] += 1
+        if self._api_key and request.headers.get("authorization") != f"Bearer {self._api_key}":
+            return JSONResponse(_error_body(401, "No auth credentials found"), status_code=401)
+        fault = self.faults.draw()
+        if fault.slow:
+            await asyncio.sleep(self.faults.config.slow_seconds)
+        headers = {"X-Chat-Format": self.engine.chat_format}
+        if fault.kind in ("429", "500", "503"):
+            status = int(fault.kind)
+            message = {429: "Rate limit exceeded (injected)", 500: "Internal server error (injected)",
+                       503: "Service unavailable (injected)"}[status]
+            if status == 429:
+                headers["Retry-After"] = _seconds(self.faults.config.retry_after)
+            return JSONResponse(_error_body(status, message), status_code=status, headers=headers)
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise RequestError(400, "request body must be a JSON object")
+            if body.get("model") != self.engine.name:
+                raise RequestError(400, f"{body.get('model')!r} is not a valid model ID (this server has {self.engine.name!r})")
+            _check_routing(body, self.provider)
+            sampling = _sampling(body)
+            if chat:
+                prompt_ids = self.engine.prompt_ids(body.get("messages"))
+            else:
+                prompt_ids = self.engine.text_prompt_ids(body.get("prompt"))
+            gen = await run_in_threadpool(self.engine.generate, prompt_ids, sampling)
+        except RequestError as e:
+            self.stats["errors"] += 1
+            return JSONResponse(_error_body(e.status, str(e)), status_code=e.status, headers=headers)
+        except (EngineError, ValueError) as e:  # ValueError: a body that is not JSON
+            self.stats["errors"] += 1
+            return JSONResponse(_error_body(400, str(e)), status_code=400, headers=headers)
+        response = self._response(gen, chat)
+        if fault.kind in ("truncate", "drop"):
+            return _BrokenResponse(response, fault, headers)
+        self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, self.engine.name,
+                                      self.engine.chat_format, response_id=response["id"]))
+        self.stats["delivered"] += 1
+        return JSONResponse(response, headers=headers)
+
+    def _response(self, gen: Generation, chat: bool) -> dict[str, Any]:
+        text = self.engine.text(gen)
+        n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
+        if chat:
+            choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
+                      "index": 0, "message": {"role": "assistant", "content": text, "refusal": None, "reasoning": None}}
+        else:
+            choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
+                      "index": 0, "text": text}
+        return {
+            "id": f"gen-{uuid.uuid4().hex}",
+            "provider": self.provider,
+            "model": self.engine.name,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "choices": [choice],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+                      "cost": 0, "completion_tokens_details": {"reasoning_tokens": 0}},
+        }
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+class _BrokenResponse:
+    """A reply that goes wrong on the wire: a truncated JSON body, or a connection dropped mid-body."""
+
+    def __init__(self, payload: dict[str, Any], fault: Fault, headers: dict[str, str]) -> None:
+        self.body = json.dumps(payload).encode()
+        self.fault = fault
+        self.headers = headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        half = self.body[: len(self.body) // 2]
+        length = len(half) if self.fault.kind == "truncate" else len(self.body)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(length).encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        # truncate: a complete HTTP message carrying half a JSON document; drop: the connection
+        # closes after half the promised bytes (the server closes it when we return early).
+        await send({"type": "http.response.body", "body": half, "more_body": self.fault.kind == "drop"})
+
+
+def delivered_engine_records(engine_log: str | Path, responses: str | Path) -> list[dict[str, Any]]:
+    """The engine record of each stored response, in the order of ``responses`` (exactly one per ``ok`` record).
+
+    A retried or resumed request can leave several engine records with the same id (a reply
+    sampled after the client had timed out, or stored by a collector that was then killed); the
+    one that belongs to a stored response is the one whose ``response_id`` is that response's ``id``.
+    """
+    from ..io import read_jsonl
+
+    by_response = {line.obj.get("response_id"): line.obj for line in read_jsonl(engine_log) if isinstance(line.obj, dict)}
+    out = []
+    for line in read_jsonl(responses):
+        rec = line.obj
+        if isinstance(rec, dict) and rec.get("status") == "ok":
+            engine = by_response.get((rec.get("response") or {}).get("id"))
+            if engine is not None:
+                out.append(engine)
+    return out
+
+
+# ---- command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="HF model directory (weights + tokenizer.json)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --ready-file)")
+    p.add_argument("--records", default="runs/serve/engine_records.jsonl", help="engine-record JSONL to append to")
+    p.add_argument("--served-model-name", help="model ID clients must send (default: from the directory name)")
+    p.add_argument("--chat-format", choices=CHAT_FORMATS, help="default: the tokenizer's template if it has one, else plain")
+    p.add_argument("--provider-name", default=DEFAULT_PROVIDER, help="the `provider` field of responses")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")
+    p.add_argument("--ready-file", help="write {base_url, port, pid} here once listening")
+    p.add_argument("--admin", action="store_true", help="enable /admin/faults and /admin/stats")
+    p.add_argument("--api-key-env", metavar="NAME",
+                   help="require `Authorization: Bearer $NAME` (the key is read from that variable, never logged)")
+    g = p.add_argument_group("fault injection (all off by default)")
+    g.add_argument("--fault-429", type=float, default=0.0, metavar="P", help="probability of starting a 429 burst")
+    g.add_argument("--fault-429-burst", type=int, default=1, metavar="N")
+    g.add_argument("--retry-after", type=float, default=1.0, metavar="S")
+    g.add_argument("--fault-500", type=float, default=0.0, metavar="P")
+    g.add_argument("--fault-503", type=float, default=0.0, metavar="P")
+    g.add_argument("--fault-truncate", type=float, default=0.0, metavar="P")
+    g.add_argument("--fault-drop", type=float, default=0.0, metavar="P")
+    g.add_argument("--fault-slow", type=float, default=0.0, metavar="P")
+    g.add_argument("--slow-seconds", type=float, default=5.0, metavar="S")
+    g.add_argument("--fault-seed", type=int)
+
+
+def fault_config(args: argparse.Namespace) -> FaultConfig:
+    return FaultConfig.from_dict(dict(
+        rate_429=args.fault_429, burst_429=args.fault_429_burst, retry_after=args.retry_after,
+        rate_500=args.fault_500, rate_503=args.fault_503, rate_truncate=args.fault_truncate,
+        rate_drop=args.fault_drop, rate_slow=args.fault_slow, slow_seconds=args.slow_seconds, seed=args.fault_seed))
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    faults = fault_config(args)
+    stop_ids = [int(i) for i in args.stop_ids.split(",")] if args.stop_ids else None
+    engine = Engine.from_dir(args.model, args.chat_format, args.served_model_name, threads=args.threads,
+                             stop_ids=stop_ids)
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not api_key:
+        raise ValueError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    app = App(engine, args.records, faults, args.provider_name, args.admin, api_key)
+    # proto IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections (else Nagle adds ~40 ms per reply)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(1024)
+    host, port = sock.getsockname()[:2]
+    base_url = f"http://{host}:{port}/v1"
+    print(f"kimi-eagle serve: model {engine.name!r}, chat format {engine.chat_format!r}"
+          f" ({app.model_card()['chat_format_description']}), engine records -> {args.records}", file=sys.stderr)
+    print(f"kimi-eagle serve: faults {faults.to_dict() if faults.enabled else 'off'}; listening on {base_url}",
+          file=sys.stderr, flush=True)
+    if args.ready_file:
+        tmp = Path(args.ready_file + ".tmp")
+        tmp.write_text(json.dumps({"base_url": base_url, "port": port, "pid": os.getpid()}))
+        tmp.replace(args.ready_file)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        app.log.close()
+    return 0
+
+
+class LocalServer:
+    """``kimi-eagle serve`` in a child process on a free 127.0.0.1 port (tests, notebooks, benchmarks).
+
+    ``with LocalServer(model_dir, records) as srv: srv.base_url`` -- the process is stopped by its PID
+    on exit (SIGTERM, then SIGKILL after ``stop_timeout``); every wait is bounded.
+    """
+
+    def __init__(self, model_dir: str | Path, records: str | Path, *extra_args: str, model_name: str | None = None,
+                 start_timeout: float = 60.0, stop_timeout: float = 10.0, log: str | Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.model_dir, self.records = str(model_dir), str(records)
+        self.extra_args = [str(a) for a in extra_args]
+        self.model_name = model_name
+        self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
+        self.log_path = Path(log) if log else None
+        self.env = {**os.environ, **env} if env else None
+        self.proc: subprocess.Popen | None = None
+        self.base_url = ""
+        self.pid = 0
+
+    def start(self) -> "LocalServer":
+        ready = Path(tempfile.mkdtemp(prefix="kimi-eagle-serve-")) / "ready.json"
+        cmd = [sys.executable, "-m", "kimi_eagle", "serve", "--model", self.model_dir, "--host", "127.0.0.1",
+               "--port", "0", "--records", self.records, "--ready-file", str(ready), *self.extra_args]
+        if self.model_name:
+            cmd += ["--served-model-name", self.model_name]
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if self.log_path else out,
+                                         env=self.env)
+        finally:
+            if self.log_path:
+                out.close()
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + self.start_timeout
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kimi-eagle serve exited with {self.proc.returncode} before listening"
+                                   + (f"; see {self.log_path}" if self.log_path else ""))
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"kimi-eagle serve not ready after {self.start_timeout}s")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        ready.unlink()
+        ready.parent.rmdir()
+        self.base_url = info["base_url"]
+        self._wait_healthy(deadline)
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        import httpx
+
+        while True:
+            try:
+                if httpx.get(self.base_url.rsplit("/v1", 1)[0] + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or (self.proc and self.proc.poll() is not None):
+                self.stop()
+                raise TimeoutError("kimi-eagle serve did not become healthy")
+            time.sleep(0.05)
+
+    def admin(self, path: str, payload: dict | None = None) -> dict:
+        """GET (or POST ``payload`` to) an admin route; the server must run with ``--admin``."""
+        import httpx
+
+        url = self.base_url.rsplit("/v1", 1)[0] + path
+        r = httpx.post(url, json=payload, timeout=10) if payload is not None else httpx.get(url, timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=self.stop_timeout)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""Stage 2: API text -> token IDs in the model's native chat format (formats, renderers, the batch job, converters)."""

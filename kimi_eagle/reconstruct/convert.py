@@ -1,0 +1,285 @@
+"""``kimi-eagle convert``: real datasets -> API records, one per assistant turn.
+
+Sources: ``glaive`` (LLaMA-Factory ShareGPT with ``function_call``/``observation`` turns and a
+``tools`` JSON string), ``reason-tool-use`` (``messages`` with ``reasoning``/``text``/``tool_call``
+parts), ``sharegpt`` (``conversations`` of ``from``/``value``; JSON array or JSONL) and ``openai``
+(JSONL of ``{"id"?, "messages", "tools"?}`` in OpenAI chat format).
+
+Each assistant turn j becomes ``{"id": "SOURCE:CONV:j", "dataset", "request": {"model", "messages":
+messages[:j], "tools"?}, "response": <chat.completion with that turn>}``. Tool calls get the ids the
+model writes itself, ``functions.{name}:{idx}`` (idx counted over the conversation), and tool results
+point at them. History assistant messages carry their reasoning as ``reasoning_content``.
+A conversation that cannot be converted yields one record with an ``error`` field instead, so no
+input is lost: ``kimi-eagle reconstruct`` turns it into an error row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..io import atomic_path
+from ..assets import data_path
+
+SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai")
+MODEL = "moonshotai/kimi-k2.5"
+
+
+class ConvertError(ValueError):
+    """One conversation cannot be converted."""
+
+
+def read_items(path: str | os.PathLike) -> Iterator[tuple[int, Any, str | None]]:
+    """``(index, item, error)`` for a JSON array file or a JSONL file (error set for bad lines)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.lstrip()[:1] == b"[":
+        for i, item in enumerate(json.loads(data)):
+            yield i, item, None
+        return
+    i = 0
+    for lineno, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            yield i, json.loads(raw), None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            yield i, None, f"line {lineno}: not JSON ({e})"
+        i += 1
+
+
+def api_record(rid: str, dataset: str, messages: list[dict], tools: list | None, message: dict) -> dict:
+    """An API record whose response is ``message`` (an OpenAI assistant message)."""
+    request: dict[str, Any] = {"model": MODEL, "messages": [dict(m) for m in messages]}
+    if tools:
+        request["tools"] = tools
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    response = {"id": f"gen-{rid}", "object": "chat.completion", "model": MODEL, "provider": None,
+                "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish,
+                             "native_finish_reason": finish}]}
+    return {"id": rid, "dataset": dataset, "request": request, "response": response}
+
+
+class _Conversation:
+    """Accumulates messages and emits one API record per assistant turn."""
+
+    def __init__(self, source: str, conv_id: str, tools: list | None) -> None:
+        self.source, self.conv_id, self.tools = source, conv_id, tools
+        self.messages: list[dict] = []
+        self.n_calls = 0
+        self.pending: list[str] = []  # ids of calls awaiting a result
+
+    def call(self, name: str, arguments: Any) -> dict:
+        if not isinstance(name, str) or not name:
+            raise ConvertError("tool call has no name")
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        tool_id = f"functions.{name}:{self.n_calls}"
+        self.n_calls += 1
+        self.pending.append(tool_id)
+        return {"id": tool_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+    def assistant(self, content: str | None, reasoning: str | None = None, tool_calls: list | None = None) -> dict:
+        message: dict[str, Any] = {"content": content}
+        if reasoning:
+            message["reasoning"] = reasoning
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        record = api_record(f"{self.source}:{self.conv_id}:{len(self.messages)}", self.source,
+                            self.messages, self.tools, message)
+        history: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            history["reasoning_content"] = reasoning
+        if tool_calls:
+            history["tool_calls"] = tool_calls
+        self.messages.append(history)
+        return record
+
+    def tool_result(self, content: str, tool_call_id: str | None = None) -> None:
+        if tool_call_id is None:
+            tool_call_id = self.pending.pop(0) if self.pending else f"functions.unknown:{self.n_calls}"
+        elif tool_call_id in self.pending:
+            self.pending.remove(tool_call_id)
+        self.messages.append({"role": "tool", "tool_call_id": tool_call_id, "content": content})
+
+    def plain(self, role: str, content: str) -> None:
+        self.messages.append({"role": role, "content": content})
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConvertError(f"{what} is a {type(value).__name__}, not a string")
+    return value
+
+
+def _tools(value: Any) -> list | None:
+    """A ``tools`` field (JSON string or list) as OpenAI tools (``{"type": "function", "function": ...}``)."""
+    if value in (None, "", "[]"):
+        return None
+    tools = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(tools, list):
+        raise ConvertError("tools is not a list")
+    return [t if isinstance(t, dict) and t.get("type") == "function" and "function" in t
+            else {"type": "function", "function": t} for t in tools] or None
+
+
+def _call_json(value: str) -> tuple[str, Any]:
+    try:
+        call = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ConvertError(f"tool call is not JSON ({e})") from None
+    if not isinstance(call, dict) or "name" not in call:
+        raise ConvertError("tool call has no name")
+    return call["name"], call.get("arguments", {})
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _glaive(conv: _Conversation, item: dict) -> Iterator[dict]:
+    for turn in item["conversations"]:
+        who, value = turn["from"], _text(turn["value"], "value")
+        if who == "human":
+            conv.plain("user", value)
+        elif who == "system":
+            conv.plain("system", value)
+        elif who == "gpt":
+            yield conv.assistant(value)
+        elif who == "function_call":
+            yield conv.assistant(None, tool_calls=[conv.call(*_call_json(value))])
+        elif who == "observation":
+            conv.tool_result(value)
+        else:
+            raise ConvertError(f"unknown turn kind {who!r}")
+
+
+def _sharegpt(conv: _Conversation, item: dict) -> Iterator[dict]:
+    roles = {"human": "user", "user": "user", "system": "system"}
+    for turn in item["conversations"]:
+        who, value = turn["from"], _text(turn["value"], "value")
+        if who in ("gpt", "assistant", "chatgpt", "bing", "bard"):
+            yield conv.assistant(value)
+        elif who in roles:
+            conv.plain(roles[who], value)
+        else:
+            raise ConvertError(f"unknown turn kind {who!r}")
+
+
+def _tool_results(conv: _Conversation, text: str) -> None:
+    """A reason-tool-use tool message: one result, or a JSON list with one result per pending call."""
+    n = len(conv.pending)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    if n > 1 and isinstance(parsed, list) and len(parsed) == n and all(isinstance(r, dict) and "content" in r for r in parsed):
+        for r in parsed:
+            c = r["content"]
+            conv.tool_result(c if isinstance(c, str) else json.dumps(c, ensure_ascii=False))
+    else:
+        conv.tool_result(text)
+
+
+def _reason_tool_use(conv: _Conversation, item: dict) -> Iterator[dict]:
+    for m in item["messages"]:
+        parts = m["content"]
+        if isinstance(parts, str):
+            parts = [{"type": "text", "value": parts}]
+        by_type: dict[str, list[str]] = {}
+        for p in parts:
+            by_type.setdefault(p["type"], []).append(_text(p["value"], f"{p['type']} part"))
+        unknown = set(by_type) - {"text", "reasoning", "tool_call"}
+        if unknown:
+            raise ConvertError(f"unknown content part types {sorted(unknown)}")
+        text = "".join(by_type.get("text", []))
+        if m["role"] == "assistant":
+            calls = [conv.call(*_call_json(v)) for v in by_type.get("tool_call", [])]
+            yield conv.assistant(text or None, "".join(by_type.get("reasoning", [])) or None, calls or None)
+        elif m["role"] == "tool":
+            _tool_results(conv, text)
+        elif m["role"] in ("user", "system"):
+            conv.plain(m["role"], text)
+        else:
+            raise ConvertError(f"unknown role {m['role']!r}")
+
+
+def _openai(conv: _Conversation, item: dict) -> Iterator[dict]:
+    for m in item["messages"]:
+        if m.get("role") == "assistant":
+            reasoning = m.get("reasoning_content") or m.get("reasoning")
+            message = {"content": m.get("content")}
+            if reasoning:
+                message["reasoning"] = reasoning
+            if m.get("tool_calls"):
+                message["tool_calls"] = m["tool_calls"]
+            yield api_record(f"{conv.source}:{conv.conv_id}:{len(conv.messages)}", conv.source,
+                             conv.messages, conv.tools, message)
+            m = {k: v for k, v in m.items() if k != "reasoning"}
+            if reasoning:
+                m["reasoning_content"] = reasoning
+        conv.messages.append(m)
+
+
+_CONVERTERS = {"glaive": _glaive, "reason-tool-use": _reason_tool_use, "sharegpt": _sharegpt, "openai": _openai}
+
+
+def convert(source_name: str, in_path: str | os.PathLike | None = None) -> Iterator[dict]:
+    """API records from a dataset file (default: the bundled one), one per assistant turn."""
+    for _, record in _convert(source_name, in_path):
+        yield record
+
+
+def _convert(source_name: str, in_path: str | os.PathLike | None) -> Iterator[tuple[int, dict]]:
+    """``(conversation index, API record)`` pairs."""
+    if source_name not in _CONVERTERS:
+        raise ValueError(f"unknown source {source_name!r}; known: {', '.join(SOURCES)}")
+    path = Path(in_path) if in_path is not None else data_path(source_name)
+    if not path.is_file():
+        raise FileNotFoundError(f"input not found: {path}")
+    fn = _CONVERTERS[source_name]
+    for index, item, error in read_items(path):
+        conv_id = str(item.get("id", index)) if isinstance(item, dict) else str(index)
+        if error is not None:
+            yield index, {"id": f"{source_name}:{conv_id}", "dataset": source_name, "error": error}
+            continue
+        conv = _Conversation(source_name, conv_id, None)
+        try:
+            if not isinstance(item, dict):
+                raise ConvertError("conversation is not a JSON object")
+            conv.tools = _tools(item.get("tools"))
+            for record in fn(conv, item):
+                yield index, record
+        except (ConvertError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, ConvertError) else str(e)
+            yield index, {"id": f"{source_name}:{conv_id}:{len(conv.messages)}", "dataset": source_name,
+                          "error": f"conversation {conv_id}: {reason}"}
+
+
+def convert_file(source_name: str, in_path: str | os.PathLike | None, out_path: str | os.PathLike,
+                 limit: int | None = None) -> int:
+    """Write ``convert`` to JSONL atomically; ``limit`` keeps the first N conversations. Returns records written."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for index, record in _convert(source_name, in_path):
+            if limit is not None and index >= limit:
+                break
+            # ensure_ascii keeps lone surrogates in the source as \\uXXXX escapes, for reconstruct to reject
+            f.write(json.dumps(record) + "\n")
+            n += 1
+    return n
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", nargs="?", help="dataset file (default: the bundled dataset for --from)")
+    p.add_argument("--from", dest="source", required=True, choices=SOURCES)
+    p.add_argument("-o", "--output", required=True, help="output JSONL of API records")
+    p.add_argument("--limit", type=int, default=None, help="convert only the first N conversations")
+
+
+def run(args: argparse.Namespace) -> int:
+    n = convert_file(args.source, args.input, args.output, args.limit)
+    print(f"{args.output}: {n} API records from {args.source}")
+    return 0

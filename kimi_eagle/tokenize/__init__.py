@@ -1,0 +1,1 @@
+"""Stage 1: tokenizers and what is derived from them (special tokens, byte tables), probing, token chips."""

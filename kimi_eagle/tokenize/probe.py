@@ -1,0 +1,168 @@
+"""Probe a tokenizer: which special tokens exist, which round-trip, which IDs really stop generation.
+
+Magic constants are wrong until probed: Kimi's ID 163533 is the ordinary token ``chas``;
+the stop token ``<|im_end|>`` is 163586.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..records import RecordError, parse_engine_record
+
+from ..io import read_jsonl
+from .tokenizer import Tokenizer, load_tokenizer
+
+MARKER_HINTS = ("<|", "|>", "im_end", "im_start", "</think", "<think")
+
+
+@dataclass
+class SpecialReport:
+    id: int
+    text: str
+    hf_special: bool
+    roundtrip: bool  # encode(text, allow_special=True) == [id]
+    plain_text_ids: list[int]  # the text encoded as ordinary text
+
+
+@dataclass
+class TokenInfo:
+    id: int
+    text: str
+    bytes_hex: str
+    is_special: bool
+
+
+@dataclass
+class EngineStats:
+    n_records: int
+    n_errors: int
+    errors: list[str]
+    last_tokens: list[dict]  # [{id, text, count}] — which tokens actually end generations
+    special_occurrences: list[dict]  # [{id, text, count}] — special IDs seen anywhere in outputs
+
+
+@dataclass
+class ProbeReport:
+    tokenizer: str
+    n_vocab: int
+    n_ranks: int
+    special_tokens: list[SpecialReport]
+    marker_like_tokens: list[TokenInfo]
+    checked_ids: list[TokenInfo]
+    engine: EngineStats | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+
+
+def describe(tok: Tokenizer, token_id: int) -> TokenInfo:
+    b = tok.token_bytes(token_id)
+    special_ids = {s.id for s in tok.special_tokens}
+    return TokenInfo(token_id, b.decode("utf-8", errors="replace"), b.hex(), token_id in special_ids)
+
+
+def probe_specials(tok: Tokenizer) -> list[SpecialReport]:
+    return [
+        SpecialReport(s.id, s.text, s.hf_special, tok.encode(s.text, allow_special=True) == [s.id], tok.encode(s.text))
+        for s in tok.special_tokens
+    ]
+
+
+def marker_like_tokens(tok: Tokenizer, limit: int = 200) -> list[TokenInfo]:
+    """Ordinary tokens whose bytes look like a piece of a special marker (``<|``, ``|>``, ``im_end`` ...)."""
+    special_ids = {s.id for s in tok.special_tokens}
+    found = []
+    for i in range(tok.n_vocab):
+        if i in special_ids:
+            continue
+        try:
+            text = tok.token_bytes(i).decode("utf-8", errors="replace")
+        except IndexError:
+            continue
+        if any(h in text for h in MARKER_HINTS):
+            found.append(describe(tok, i))
+            if len(found) >= limit:
+                break
+    return found
+
+
+def engine_stats(tok: Tokenizer, path: str | Path, top: int = 20) -> EngineStats:
+    last: Counter[int] = Counter()
+    specials: Counter[int] = Counter()
+    special_ids = {s.id for s in tok.special_tokens}
+    n, errors = 0, []
+    for line in read_jsonl(path):
+        n += 1
+        try:
+            if line.error:
+                raise RecordError(line.error)
+            rec = parse_engine_record(line.obj)
+        except RecordError as e:
+            errors.append(f"line {line.lineno}: {e}")
+            continue
+        if rec.output_ids:
+            last[rec.output_ids[-1]] += 1
+        specials.update(i for i in rec.output_ids if i in special_ids)
+
+    def rows(counter: Counter[int]) -> list[dict]:
+        return [{"id": i, "text": describe(tok, i).text, "count": c} for i, c in counter.most_common(top)]
+
+    return EngineStats(n, len(errors), errors[:50], rows(last), rows(specials))
+
+
+def probe(tok: Tokenizer, engine_outputs: str | Path | None = None, check_ids: Sequence[int] = ()) -> ProbeReport:
+    """Everything the probe knows about ``tok``; with engine outputs, the stop tokens really emitted."""
+    n_ranks = getattr(tok, "n_ranks", tok.n_vocab)
+    report = ProbeReport(
+        tokenizer=tok.name,
+        n_vocab=tok.n_vocab,
+        n_ranks=n_ranks,
+        special_tokens=probe_specials(tok),
+        marker_like_tokens=marker_like_tokens(tok),
+        checked_ids=[describe(tok, i) for i in check_ids if 0 <= i < tok.n_vocab],
+    )
+    for s in report.special_tokens:
+        if not s.roundtrip:
+            report.notes.append(f"special {s.text!r} (id {s.id}) does not round-trip")
+    for info in report.checked_ids:
+        kind = "a special token" if info.is_special else "an ordinary token"
+        report.notes.append(f"id {info.id} is {kind} that decodes to {info.text!r}")
+    if engine_outputs is not None:
+        report.engine = engine_stats(tok, engine_outputs)
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", required=True, help="tokenizer dir (tiktoken.model or tokenizer.json)")
+    p.add_argument("--engine-outputs", help="JSONL of engine records with output_ids")
+    p.add_argument("--check-ids", default="", help="comma-separated IDs to describe, e.g. 163533,163586")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    tok = load_tokenizer(args.tokenizer)
+    ids = [int(x) for x in args.check_ids.split(",") if x.strip()]
+    report = probe(tok, args.engine_outputs, ids)
+    if args.json:
+        print(report.to_json())
+        return 0
+    print(f"{report.tokenizer}: n_vocab {report.n_vocab:,}, n_ranks {report.n_ranks:,}")
+    named = [s for s in report.special_tokens if not s.text.startswith("<|reserved_token_")]
+    print(f"{len(named)} named special tokens ({len(report.special_tokens)} slots):")
+    for s in named:
+        print(f"  {s.id:>7}  {s.text:<32} hf_special={s.hf_special!s:<5} roundtrip={s.roundtrip}")
+    print(f"{len(report.marker_like_tokens)} ordinary tokens look like marker fragments, e.g.:")
+    for t in report.marker_like_tokens[:10]:
+        print(f"  {t.id:>7}  {t.text!r}")
+    for note in report.notes:
+        print("note:", note)
+    if report.engine:
+        print(f"engine outputs: {report.engine.n_records} records, {report.engine.n_errors} errors")
+        print("  last tokens:", ", ".join(f"{r['id']} {r['text']!r} x{r['count']}" for r in report.engine.last_tokens))
+    return 0

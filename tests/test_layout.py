@@ -1,0 +1,111 @@
+"""The package's layout: folders are pipeline stages and imports flow one way, with no cycles.
+
+Every import in every module counts, function-local ones included (a local import is still a
+dependency; hiding a cycle inside a function does not remove it).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "kimi_eagle"
+
+# stage -> the stages it may import from (besides itself). Top-level modules are the "core" stage.
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "tokenize": {"core"},
+    "reconstruct": {"core", "tokenize"},
+    "diff": {"core", "tokenize", "reconstruct"},
+    "engine": {"core", "tokenize"},
+    "eagle3": {"core", "tokenize", "engine"},
+    "batch": {"core"},
+    "entry": {"core", "tokenize", "reconstruct", "diff", "engine", "eagle3", "batch"},
+}
+ENTRY_MODULES = {"kimi_eagle.cli", "kimi_eagle.__main__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def stage(module: str) -> str:
+    if module in ENTRY_MODULES:
+        return "entry"
+    parts = module.split(".")
+    if len(parts) >= 3 or (PACKAGE / parts[-1]).is_dir() and len(parts) == 2:
+        return parts[1]
+    return "core"
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Package modules imported anywhere in ``path`` (absolute and relative, ``from . import x`` resolved)."""
+    is_pkg = path.name == "__init__.py"
+    here = module.split(".") if is_pkg else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            names = submodules or [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:  # `from pkg import function` -> the module pkg
+                name = name.rpartition(".")[0]
+            if name and name != module and name.startswith("kimi_eagle"):
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    known = set(modules)
+    return {m: imports_of(m, p, known) - {"kimi_eagle"} for m, p in modules.items()}
+
+
+def test_every_module_lives_in_a_stage_folder_or_is_core():
+    loose = {m for m in package_modules() if stage(m) == "core"}
+    assert loose <= {"kimi_eagle", "kimi_eagle.assets", "kimi_eagle.records", "kimi_eagle.io"}, loose
+
+
+def test_imports_only_point_down_the_stage_order():
+    wrong = [f"{m} ({stage(m)}) imports {i} ({stage(i)})"
+             for m, deps in import_graph().items() for i in sorted(deps)
+             if stage(i) != stage(m) and stage(i) not in ALLOWED[stage(m)]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_checker_sees_relative_local_and_package_imports(tmp_path):
+    known = {"kimi_eagle.eagle3.model", "kimi_eagle.eagle3.export", "kimi_eagle.eagle3", "kimi_eagle.io"}
+    src = tmp_path / "model.py"
+    src.write_text("def f():\n    from .export import x\nfrom ..io import write_text\nfrom . import export\n")
+    assert imports_of("kimi_eagle.eagle3.model", src, known) == {"kimi_eagle.eagle3.export", "kimi_eagle.io"}
