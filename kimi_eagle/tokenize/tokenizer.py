@@ -97,6 +97,12 @@ class Tokenizer(Protocol):
     @property
     def plain_token_table(self) -> list[bytes]: ...
 
+    @property
+    def has_empty_token(self) -> bool: ...
+
+    @property
+    def id_by_bytes(self) -> dict[bytes, int]: ...
+
 
 class DerivedTables:
     """Tables derived from ``special_tokens``, ``n_vocab`` and ``token_bytes``, each built on first use.
@@ -156,6 +162,17 @@ class DerivedTables:
             if 0 <= i < len(plain):
                 plain[i] = b""
         return plain
+
+    @cached_property
+    def has_empty_token(self) -> bool:
+        """Some ID spells no bytes (byte offsets are then not strictly increasing)."""
+        return 0 in self.token_length_list
+
+    @cached_property
+    def id_by_bytes(self) -> dict[bytes, int]:
+        """Bytes -> ID of the ordinary (non-special) tokens; the highest ID where several spell the same bytes."""
+        specials = self.special_ids
+        return {raw: i for i, raw in enumerate(self.token_table) if i not in specials}
 
 
 def special_id(tok: Tokenizer, text: str) -> int:
