@@ -6,6 +6,7 @@ dependency; hiding a cycle inside a function does not remove it).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kimi_eagle"
@@ -109,3 +110,22 @@ def test_the_checker_sees_relative_local_and_package_imports(tmp_path):
     src = tmp_path / "model.py"
     src.write_text("def f():\n    from .export import x\nfrom ..io import write_text\nfrom . import export\n")
     assert imports_of("kimi_eagle.eagle3.model", src, known) == {"kimi_eagle.eagle3.export", "kimi_eagle.io"}
+
+
+SPECIAL_SET_BUILD = re.compile(r"(frozenset\(|set\(|\{|\[)s\.(id|text)\b[^\n]*for s in [\w.]*special_tokens")
+PRIVATE_CACHE = re.compile(r"per_tokenizer|WeakKeyDictionary|\[id\(tok\)\]|id\(table\)")
+
+
+def test_only_the_tokenizer_builds_tables_from_its_special_tokens():
+    owner = PACKAGE / "tokenize" / "tokenizer.py"
+    builders = [f"{p.relative_to(PACKAGE)}:{n}: {line.strip()}"
+                for p in sorted(PACKAGE.rglob("*.py")) if p != owner
+                for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                if SPECIAL_SET_BUILD.search(line) or PRIVATE_CACHE.search(line)]
+    assert not builders, "derive these from the tokenizer's tables instead:\n" + "\n".join(builders)
+
+
+def test_the_table_check_recognises_a_hand_built_special_set():
+    assert SPECIAL_SET_BUILD.search("ids = frozenset(s.id for s in tok.special_tokens)")
+    assert SPECIAL_SET_BUILD.search("texts = {s.id: s.text for s in self.tok.special_tokens}")
+    assert not SPECIAL_SET_BUILD.search("lo = min(s.id for s in tok.special_tokens)")
