@@ -20,8 +20,10 @@ from pathlib import Path
 import httpx
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine.collect import CollectConfig, collect, load_prompts, story_prompts, write_jsonl
+from kimi_eagle.engine.collect import CollectConfig, collect, load_prompts
+from kimi_eagle.engine.prompts import story_prompts
 from kimi_eagle.engine.server import LocalServer
+from kimi_eagle.io import write_jsonl
 
 MODEL = "stories260K"
 

@@ -23,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine.collect import story_prompts, write_jsonl
+from kimi_eagle.engine.prompts import story_prompts
 from kimi_eagle.engine.server import LocalServer, delivered_engine_records
+from kimi_eagle.io import write_json, write_jsonl
 
 FAULTS = ["--fault-429", "0.03", "--retry-after", "0.5", "--fault-503", "0.03", "--fault-truncate", "0.02",
           "--fault-drop", "0.02", "--fault-seed", "0"]
@@ -97,7 +98,7 @@ def main() -> int:
         "temperature": args.temperature, "max_tokens": args.max_tokens, "faults": args.faults,
         "collect_seconds": round(t_collect, 1),
     }
-    (out / "e2e_summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "e2e_summary.json", summary)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -21,11 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import kimi_eagle.reconstruct.job as rc
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.reconstruct.completion import SPAN_FIELDS
 from kimi_eagle.reconstruct.convert import convert_file
+from kimi_eagle.reconstruct.encoder import PieceEncoder
 from kimi_eagle.reconstruct.formats import get_format
+from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.record import ReconstructOptions, parse_turn, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 
@@ -46,7 +48,8 @@ def main() -> None:
             convert_file(name, None, part, limit=args.limit)
             out.write(part.read_text())
     records = [json.loads(line) for line in open(src)]
-    rows = [rc.reconstruct_record(r, tok, fmt) for r in records]
+    encoder = PieceEncoder(tok)
+    rows = [reconstruct_record(r, tok, fmt, encoder=encoder) for r in records]
     texts = [b"".join(tok.token_bytes(i) for i in row.completion_ids).decode() for row in rows]
     n_tokens = sum(row.n_completion_tokens for row in rows)
     encode = tok.encoding.encode
@@ -55,17 +58,16 @@ def main() -> None:
         return sum(len(encode(t, allowed_special="all")) for t in texts)
 
     def single() -> int:
-        rc._encoders.clear()  # no cache carried over from the previous repeat
-        return sum(rc.reconstruct_record(r, tok, fmt).n_completion_tokens for r in records)
+        enc = PieceEncoder(tok)  # no cache carried over from the previous repeat
+        return sum(reconstruct_record(r, tok, fmt, encoder=enc).n_completion_tokens for r in records)
 
     histories = [r["request"]["messages"] for r in records]
 
     def completion_only() -> int:
         """The completion half of reconstruct_record: API fields -> segments -> IDs, spans, flags."""
-        rc._encoders.clear()
-        enc, options, n = rc._encoder(tok), rc.ReconstructOptions(), 0
+        enc, options, n = PieceEncoder(tok), ReconstructOptions(), 0
         for r, history in zip(records, histories):
-            segments, _ = fmt.completion_segments(rc.parse_turn(r["response"]), history, options)
+            segments, _ = fmt.completion_segments(parse_turn(r["response"]), history, options)
             ids, spans, _ = enc.encode_segments_marked(segments)
             [dict(zip(SPAN_FIELDS, s)) for s in spans]
             n += len(ids)
@@ -73,8 +75,8 @@ def main() -> None:
 
     def batch(workers: int):
         def run() -> int:
-            counts = rc.reconstruct_file(src, tmp / f"out{workers}.parquet", kimi_dir(), "kimi-k2.5", workers=workers,
-                                         progress=False, tokenizer=tok)
+            counts = reconstruct_file(src, tmp / f"out{workers}.parquet", kimi_dir(), "kimi-k2.5", workers=workers,
+                                      progress=False, tokenizer=tok)
             assert counts.get("ok", 0) == len(records), counts
             return n_tokens
         return run

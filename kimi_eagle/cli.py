@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("kimi_eagle.diff.simulate", "make labelled engine/API pairs with injected effects"),
     "diff": ("kimi_eagle.diff.run", "diff engine token IDs against reconstructions by bytes"),
     "report": ("kimi_eagle.diff.report", "charts and an HTML report from a diff"),
+    "generate": ("kimi_eagle.engine.local", "sample completions from a local HF model into engine records"),
     "serve": ("kimi_eagle.engine.server", "an OpenRouter-compatible server over a local HF model"),
     "collect": ("kimi_eagle.engine.collect", "collect chat completions from an OpenAI/OpenRouter API"),
     "extract": ("kimi_eagle.eagle3.hidden", "extract target hidden states for EAGLE-3 training"),

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_eagle.diff.align import AlignError, align, equal_byte_blocks
-from kimi_eagle.tokenize.tokenizer import ids_to_bytes
+from kimi_eagle.diff.align import AlignError, align
+from kimi_eagle.diff.bytediff import equal_byte_blocks
+from kimi_eagle.tokenize.tokenizer import DerivedTables, SpecialToken, ids_to_bytes
 
 TEXT = ("The quick brown fox jumps over the lazy dog. 世界你好！Ünïcödé — emoji 🦊 and tabs\tand\n\nnewlines; "
         'JSON {"city": "Paris", "unit": "celsius"} and code `for i in range(10): print(i)`.')
@@ -33,9 +34,9 @@ def check_invariants(tok, al):
     for h in al.hunks:
         assert h.a_start >= ia and h.b_start >= ib
         assert a[ia : h.a_start] == b[ib : h.b_start], "tokens between hunks must be identical"
-        assert al.a_run_bytes(h) == ids_to_bytes(tok, a[h.a_start : h.a_end])
-        assert al.b_run_bytes(h) == ids_to_bytes(tok, b[h.b_start : h.b_end])
-        assert h.same_bytes == (al.a_run_bytes(h) == al.b_run_bytes(h))
+        assert a.run_bytes(h.a_start, h.a_end) == ids_to_bytes(tok, a[h.a_start : h.a_end])
+        assert b.run_bytes(h.b_start, h.b_end) == ids_to_bytes(tok, b[h.b_start : h.b_end])
+        assert h.same_bytes == (a.run_bytes(h.a_start, h.a_end) == b.run_bytes(h.b_start, h.b_end))
         assert a[h.a_start : h.a_end] != b[h.b_start : h.b_end]
         ia, ib = h.a_end, h.b_end
     assert a[ia:] == b[ib:]
@@ -45,8 +46,8 @@ def test_identical_sequences_have_no_hunks(kimi):
     ids = kimi.encode(TEXT)
     al = align(kimi, ids, list(ids))
     assert al.exact and al.hunks == []
-    assert al.a_bytes == TEXT.encode()
-    assert (al.a_offsets[0], al.a_offsets[-1], len(al.a_offsets)) == (0, len(TEXT.encode()), len(ids) + 1)
+    assert al.a.bytes == TEXT.encode()
+    assert (al.a.offsets[0], al.a.offsets[-1], len(al.a.offsets)) == (0, len(TEXT.encode()), len(ids) + 1)
 
 
 def test_a_token_split_in_two_is_one_same_bytes_hunk(kimi):
@@ -78,7 +79,7 @@ def test_a_changed_word_is_a_small_hunk(kimi):
     assert len(al.hunks) == 1
     h = al.hunks[0]
     assert not h.same_bytes
-    assert al.a_run_bytes(h).strip() == b"lazy" and al.b_run_bytes(h).strip() == b"sleepy"
+    assert al.a.run_bytes(h.a_start, h.a_end).strip() == b"lazy" and al.b.run_bytes(h.b_start, h.b_end).strip() == b"sleepy"
     check_invariants(kimi, al)
 
 
@@ -115,10 +116,10 @@ def test_b_to_a_byte_maps_across_hunks(kimi):
     a = kimi.encode("alpha beta gamma delta")
     b = kimi.encode("alpha BETA-BETA gamma delta")
     al = align(kimi, a, b)
-    gamma_b = al.b_bytes.index(b"gamma")
-    assert al.a_bytes[al.b_to_a_byte(gamma_b):].startswith(b"gamma")
+    gamma_b = al.b.bytes.index(b"gamma")
+    assert al.a.bytes[al.b_to_a_byte(gamma_b):].startswith(b"gamma")
     assert al.b_to_a_byte(0) == 0
-    assert al.b_to_a_byte(len(al.b_bytes), "end") == len(al.a_bytes)
+    assert al.b_to_a_byte(len(al.b.bytes), "end") == len(al.a.bytes)
 
 
 def test_equal_byte_blocks_cover_the_common_bytes():
@@ -140,21 +141,21 @@ def test_random_splits_and_edits_keep_the_invariants(kimi, seed, n_splits, n_edi
         a = split_token(kimi, a, rng.randrange(len(a))) or a
     al = align(kimi, a, b)
     check_invariants(kimi, al)
-    if al.a_bytes == al.b_bytes:
+    if al.a.bytes == al.b.bytes:
         assert all(h.same_bytes for h in al.hunks)
 
 
 @settings(max_examples=300, deadline=None)
 @given(x=st.binary(max_size=80), tail_x=st.binary(max_size=12), tail_y=st.binary(max_size=12), limit=st.integers(0, 120))
 def test_common_prefix_and_suffix_helpers_agree_with_a_plain_scan(x, tail_x, tail_y, limit):
-    from kimi_eagle.diff.align import _common_prefix, _common_suffix
+    from kimi_eagle.diff.bytediff import common_prefix, common_suffix
 
     a, b = x + tail_x, x + tail_y
     n = min(len(a), len(b))
-    assert _common_prefix(a, b) == next((i for i in range(n) if a[i] != b[i]), n)
+    assert common_prefix(a, b) == next((i for i in range(n) if a[i] != b[i]), n)
     a, b = tail_x + x, tail_y + x
     n = min(len(a), len(b))
-    assert _common_suffix(a, b, limit) == min(limit, next((i for i in range(n) if a[-1 - i] != b[-1 - i]), n))
+    assert common_suffix(a, b, limit) == min(limit, next((i for i in range(n) if a[-1 - i] != b[-1 - i]), n))
 
 
 def test_alignment_works_for_an_hf_byte_level_tokenizer(qwen3):
@@ -177,7 +178,7 @@ def test_matching_blocks_are_difflibs(x, edits, alphabet):
     """The C-speed block search gives exactly difflib's matching blocks (no junk), ties included."""
     from difflib import SequenceMatcher
 
-    from kimi_eagle.diff.align import _matching_blocks
+    from kimi_eagle.diff.bytediff import matching_blocks
 
     x = bytes(alphabet[c % len(alphabet)] for c in x)  # a small alphabet makes ties and repeats common
     y = bytearray(x)
@@ -186,8 +187,8 @@ def test_matching_blocks_are_difflibs(x, edits, alphabet):
         y[pos : pos + cut] = bytes(alphabet[c % len(alphabet)] for c in ins)
     y = bytes(y)
     want = [tuple(m) for m in SequenceMatcher(None, x, y, autojunk=False).get_matching_blocks()[:-1]]
-    assert _matching_blocks(x, y) == want
-    assert _matching_blocks(x.decode("latin-1"), y.decode("latin-1")) == want
+    assert matching_blocks(x, y) == want
+    assert matching_blocks(x.decode("latin-1"), y.decode("latin-1")) == want
 
 
 @settings(max_examples=300, deadline=None)
@@ -226,12 +227,41 @@ def test_byte_slices_and_hunk_bytes_agree_with_the_joined_sequences(kimi):
     full_a, full_b = ids_to_bytes(kimi, a), ids_to_bytes(kimi, b)
     for start in range(0, len(full_a) + 3, 7):
         for end in range(start, len(full_a) + 9, 5):
-            assert al.a_slice(start, end) == full_a[start:end]
-            assert al.b_slice(start, end) == full_b[start:end]
-    assert al.a_slice(5, 2) == full_a[5:2] and al.a_slice(-4, len(full_a)) == full_a[-4:]
+            assert al.a.slice(start, end) == full_a[start:end]
+            assert al.b.slice(start, end) == full_b[start:end]
+    assert al.a.slice(5, 2) == full_a[5:2] and al.a.slice(-4, len(full_a)) == full_a[-4:]
     for h in al.hunks:
-        assert al.a_run_bytes(h) == full_a[h.a_byte_start : h.a_byte_end]
-        assert al.b_run_bytes(h) == full_b[h.b_byte_start : h.b_byte_end]
+        assert al.a.run_bytes(h.a_start, h.a_end) == full_a[h.a_byte_start : h.a_byte_end]
+        assert al.b.run_bytes(h.b_start, h.b_end) == full_b[h.b_byte_start : h.b_byte_end]
+
+
+def test_each_side_reads_like_its_id_list(kimi):
+    a = kimi.encode(TEXT)
+    b = kimi.encode(TEXT.replace("lazy", "sleepy"))
+    al = align(kimi, a, b)
+    assert len(al.a) == len(a) and al.a[3] == a[3] and al.a[2:9] == a[2:9] and list(al.a) == a
+    assert al.a == a and al.b == b and al.a != b and al.a == align(kimi, a, a).a
+    assert a[5] in al.a and al.a.index(a[5]) == a.index(a[5]) and al.a.count(a[5]) == a.count(a[5])
+
+
+def test_each_side_serves_the_bytes_specials_and_offsets_of_any_run(kimi):
+    """Inside the aligned middle these are slices of what align built; outside they are joined: both read alike."""
+    end, think = kimi.encode("<|im_end|>", allow_special=True), kimi.encode("</think>", allow_special=True)
+    a = kimi.encode("Reasoning here.") + think + kimi.encode(TEXT) + end + kimi.encode("tail") + end
+    b = kimi.encode("Reasoning here.") + kimi.encode(TEXT.replace("lazy", "sleepy")) + end + kimi.encode("tail")
+    al = align(kimi, a, b)
+    for side, ids in ((al.a, a), (al.b, b)):
+        full = ids_to_bytes(kimi, ids)
+        offsets = [len(ids_to_bytes(kimi, ids[:k])) for k in range(len(ids) + 1)]
+        assert side.bytes == full and side.offsets == offsets
+        for start in range(len(ids) + 1):
+            assert side.offset(start) == offsets[start]
+            for end in range(start, len(ids) + 1, 3):
+                run = ids[start:end]
+                assert side.run_bytes(start, end) == full[offsets[start] : offsets[end]]
+                assert side.run_specials(start, end) == sorted(t for t in run if kimi.is_special(t))
+                assert side.run_plain_bytes(start, end) == b"".join(
+                    kimi.token_bytes(t) for t in run if not kimi.is_special(t))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -248,15 +278,13 @@ def test_repetitive_id_lists_keep_the_invariants(kimi, a, b):
         assert len(a) - last.a_end == len(b) - last.b_end
 
 
-class _TinyTokenizer:
+class _TinyTokenizer(DerivedTables):
     """A complete little vocabulary with a special token and a token of no bytes (no real one has that)."""
 
     name = "tiny"
     VOCAB = [b"a", b"b", b"ab", b"ba", b"aa", b"<s>", b" ", b"a b", b""]
 
     def __init__(self):
-        from kimi_eagle.tokenize.tokenizer import SpecialToken
-
         self.n_vocab = len(self.VOCAB)
         self.special_tokens = [SpecialToken(5, "<s>", True)]
 

@@ -14,7 +14,7 @@ from kimi_eagle.assets import stories_dir
 from kimi_eagle.engine.collect import (
     CollectConfig,
     Collector,
-    classify,
+    classify_response,
     collect,
     load_prompts,
     parse_retry_after,
@@ -36,19 +36,19 @@ NO_FAULTS = FaultConfig().to_dict()
 # ---- units
 
 
-def test_classify_replies():
+def test_classify_response_replies():
     ok = json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()
-    assert classify(200, {}, ok).kind == "ok"
-    assert classify(200, {}, ok[: len(ok) // 2]).kind == "retry"  # truncated JSON
-    assert classify(200, {}, b'{"choices": []}').kind == "retry"
-    assert classify(200, {}, b'{"error": {"code": 502, "message": "provider down"}}').kind == "retry"
-    assert classify(200, {}, b'{"error": {"code": 400, "message": "bad"}}').kind == "permanent"
+    assert classify_response(200, {}, ok).kind == "ok"
+    assert classify_response(200, {}, ok[: len(ok) // 2]).kind == "retry"  # truncated JSON
+    assert classify_response(200, {}, b'{"choices": []}').kind == "retry"
+    assert classify_response(200, {}, b'{"error": {"code": 502, "message": "provider down"}}').kind == "retry"
+    assert classify_response(200, {}, b'{"error": {"code": 400, "message": "bad"}}').kind == "permanent"
     for status in (408, 429, 500, 502, 503, 504, 524):
-        assert classify(status, {}, b"{}").kind == "retry"
+        assert classify_response(status, {}, b"{}").kind == "retry"
     for status in (400, 403, 404, 413, 422):
-        assert classify(status, {}, b'{"error": {"code": 400}}').kind == "permanent"
-    assert classify(401, {}, b"").kind == classify(402, {}, b"").kind == "fatal"
-    assert classify(429, {"retry-after": "3"}, b"").retry_after == 3.0
+        assert classify_response(status, {}, b'{"error": {"code": 400}}').kind == "permanent"
+    assert classify_response(401, {}, b"").kind == classify_response(402, {}, b"").kind == "fatal"
+    assert classify_response(429, {"retry-after": "3"}, b"").retry_after == 3.0
 
 
 def test_retry_after_in_seconds_dates_and_openrouter_reset():

@@ -139,3 +139,20 @@ def test_parquet_without_the_contract_columns_is_refused(inputs, capsys):
 def test_labels_are_joined_as_expected(diffed):
     recs = read_diff(diffed).records.set_index("id")
     assert recs.loc["split", "expected"] == "bpe_split" and recs["expected"].isna().sum() == len(recs) - 1
+
+
+def test_sampling_keeps_the_first_api_records_and_every_engine_line_they_may_need(tmp_path):
+    from kimi_eagle.diff.run import sample_pair
+
+    api, engine = tmp_path / "api.jsonl", tmp_path / "engine.jsonl"
+    api.write_text("".join(json.dumps({"id": f"r{k}"}) + "\n" for k in range(5)) + "\n" + '{"id": "r5"}')
+    write_engine(engine, [{"id": "r4", "output_ids": [1]}, {"id": "r1", "output_ids": [2]}, "{not json",
+                          {"meta_info": {"id": "r0"}, "output_ids": [3]}, {"output_ids": [4]}])
+    got_api, got_engine = sample_pair(api, engine, 2, tmp_path / "sample")
+    assert [json.loads(ln)["id"] for ln in got_api.read_text().splitlines()] == ["r0", "r1"]
+    assert got_engine.read_text().splitlines() == [json.dumps({"id": "r1", "output_ids": [2]}), "{not json",
+                                                   json.dumps({"meta_info": {"id": "r0"}, "output_ids": [3]}),
+                                                   json.dumps({"output_ids": [4]})]
+    everything, _ = sample_pair(api, engine, None, tmp_path / "all")
+    assert everything.read_bytes() == api.read_bytes().replace(b"\n\n", b"\n") + b"\n"  # blank dropped, last line ended
+    assert sorted(p.name for p in (tmp_path / "sample").iterdir()) == ["api.jsonl", "engine.jsonl"]  # no temp left

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from kimi_eagle import cli
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.engine.local import (
     Engine,
@@ -14,6 +15,8 @@ from kimi_eagle.engine.local import (
     main,
     plain_prompt_ids,
 )
+from kimi_eagle.engine.prompts import STORY_OPENERS, story_prompts
+from kimi_eagle.io import read_jsonl, write_jsonl
 from kimi_eagle.records import parse_engine_record
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
@@ -76,6 +79,13 @@ def test_sampling_the_stop_token_ends_with_it_and_finish_reason_stop(engine):
     assert stopper.text(gen).encode() == ids_to_bytes(engine.tok, gen.output_ids[:-1])
 
 
+def test_template_is_an_older_name_of_the_hf_template_format(engine):
+    with pytest.raises(EngineError, match="no chat template"):  # recognised, but stories260K has none
+        Engine(engine.model, engine.tok, "stories260K", chat_format="template")
+    with pytest.raises(EngineError, match="unknown chat format"):
+        Engine(engine.model, engine.tok, "stories260K", chat_format="jinja")
+
+
 def test_stop_ids_can_replace_the_configured_eos(engine):
     bos_stops = Engine.from_dir(stories_dir(), stop_ids=[1, 2], threads=1)
     assert bos_stops.eos_ids == [1, 2] and engine.eos_ids == [2]
@@ -114,3 +124,20 @@ def test_command_line_writes_one_record_per_prompt_line(tmp_path):
     assert [r["id"] for r in recs] == ["a", "line-2", "b"]
     assert "error" in recs[1] and len(recs[0]["output_ids"]) == 8
     assert [r["sampling"]["seed"] for r in (recs[0], recs[2])] == [5, 7]
+
+
+def test_kimi_eagle_generate_samples_each_prompt_line_into_an_engine_record(tmp_path, stories):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", story_prompts(2, seed=4))
+    out = tmp_path / "engine.jsonl"
+    argv = ["generate", str(prompts), "-o", str(out), "--model", str(stories_dir()), "--chat-format", "plain",
+            "--max-tokens", "6"]
+    assert cli.main(argv) == 0
+    recs = [line.obj for line in read_jsonl(out)]
+    assert [r["id"] for r in recs] == ["story-00000", "story-00001"]
+    for rec, opener, line in zip(recs, STORY_OPENERS, story_prompts(2, seed=4)):
+        parsed = parse_engine_record(rec)
+        assert parsed.prompt_ids == [1] + stories.encode(opener)  # the plain format: BOS + the prompt text
+        assert 1 <= len(parsed.output_ids) <= 6 and (parsed.finish_reason == "stop") == (parsed.output_ids[-1] == 2)
+        assert (rec["model"], rec["chat_format"], rec["sampling"]["seed"]) == ("stories260K", "plain", line["seed"])
+    first = out.read_bytes()
+    assert cli.main(argv) == 0 and out.read_bytes() == first  # every line's own seed makes the run replayable

@@ -10,7 +10,7 @@ from kimi_eagle.cli import main
 from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.hidden import load_target
 from kimi_eagle.eagle3.speculative import (
-    EagleProposer, NgramProposer, Target, generate, probs_from_logits, speculative_generate,
+    EagleProposer, NgramProposer, Target, generate_target_only, probs_from_logits, speculative_generate,
 )
 
 torch.set_num_threads(1)
@@ -53,7 +53,7 @@ class Oracle:
 
 def test_greedy_speculative_output_equals_target_only_greedy(target, drafter, prompts):
     for ids in prompts:
-        want = generate(target, ids, 40, 0.0, EOS)
+        want = generate_target_only(target, ids, 40, 0.0, EOS)
         eagle = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), ids, 40, 4, 0.0, EOS)
         ngram = speculative_generate(Target(target), NgramProposer(512), ids, 40, 4, 0.0, EOS)
         assert eagle.tokens == want and ngram.tokens == want
@@ -119,3 +119,26 @@ def test_verification_keeps_the_target_distribution():
     onehot = lambda i: torch.nn.functional.one_hot(torch.tensor(i), 4).float()  # noqa: E731
     assert verify(onehot(2), onehot(2), 2) == (2, True)
     assert verify(onehot(2), onehot(1), 1) == (2, False)
+
+
+def _report(eagle: tuple[float, float], ngram: tuple[float, float] | None) -> dict:
+    def method(greedy, sampled):
+        return {"greedy": {"tau": greedy, "identical_to_target_greedy": "8/8"}, "t=1": {"tau": sampled}}
+
+    methods = {"eagle3": method(*eagle)} | ({"ngram": method(*ngram)} if ngram else {})
+    return {"k": 4, "methods": methods}
+
+
+def test_tau_table_has_a_row_per_drafter_and_one_for_the_ngram_baseline(tmp_path):
+    from kimi_eagle.eagle3.evaluate import plot_tau, tau_table
+
+    table = tau_table({"engine IDs": _report((2.5, 1.9), (1.4, 1.1)), "recon IDs": _report((2.25, 1.75), None)})
+    assert table == {
+        "EAGLE-3 (engine IDs)": {"greedy": 2.5, "t=1": 1.9, "greedy identical": "8/8"},
+        "n-gram (prompt lookup)": {"greedy": 1.4, "t=1": 1.1, "greedy identical": "8/8"},
+        "EAGLE-3 (recon IDs)": {"greedy": 2.25, "t=1": 1.75, "greedy identical": "8/8"},
+    }
+    fig = plot_tau(table, title="τ", path=tmp_path / "tau.png")
+    heights = [bar.get_height() for bar in fig.axes[0].patches]
+    assert heights == [2.5, 1.9, 1.4, 1.1, 2.25, 1.75]  # rows in table order, modes in order within a row
+    assert (tmp_path / "tau.png").read_bytes().startswith(b"\x89PNG")

@@ -1,5 +1,6 @@
 """Export for SGLang and vLLM: config fields, weight names, per-engine layer ids, exact reload."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from safetensors import safe_open
 from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.cli import main
-from kimi_eagle.eagle3.model import Eagle3Drafter, load_drafter
+from kimi_eagle.eagle3.model import Eagle3Config, Eagle3Drafter, load_drafter
 from kimi_eagle.eagle3.hidden import load_target
 
 torch.set_num_threads(1)
@@ -70,7 +71,22 @@ def test_reloaded_export_reproduces_the_drafter_logits_exactly(native, tmp_path)
 
 
 def test_unknown_engine_is_refused(native, tmp_path):
-    from kimi_eagle.eagle3.export import export
+    from kimi_eagle.eagle3.export import export_drafter
 
     with pytest.raises(ValueError, match="unknown engine"):
-        export(native[0], "tgi", tmp_path)
+        export_drafter(native[0], "tgi", tmp_path)
+
+
+def test_a_foreign_export_is_read_in_the_capture_before_block_convention(native, tmp_path):
+    """An export without the kit's ``kimi_eagle`` block: its vLLM-style ids 2, 3, 4 are block outputs 1, 2, 3."""
+    path, drafter = native
+    main(["export", str(path), "--engine", "vllm", "-o", str(tmp_path)])
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["kimi_eagle"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    config = Eagle3Config.from_engine_config(cfg)
+    assert config.aux_layer_ids == [1, 2, 3]
+    assert replace(config, target_num_layers=drafter.config.target_num_layers) == drafter.config
+    reloaded = load_drafter(tmp_path, stories_dir())
+    aux, ids = torch.randn(1, 6, 192), torch.randint(3, 512, (1, 6))
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.unroll(aux, ids, 2), drafter.unroll(aux, ids, 2)))

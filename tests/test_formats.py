@@ -7,7 +7,7 @@ import pytest
 from kimi_eagle.assets import asset_path
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.formats import FORMATS, HFTemplateFormat, get_format, render
-from kimi_eagle.reconstruct.job import normalise_messages, reconstruct_record
+from kimi_eagle.reconstruct.record import normalise_messages, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 from kimi_eagle.reconstruct.tool_decl import tools_to_typescript
 

@@ -6,10 +6,8 @@ import torch
 from safetensors import safe_open
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3.hidden import (
-    HiddenStates, Row, bytes_per_token, default_layer_ids, engine_layer_ids, extract, load_rows, load_target,
-)
-from kimi_eagle.eagle3.speculative import generate
+from kimi_eagle.eagle3.hidden import HiddenStates, Row, bytes_per_token, extract, load_rows, load_target
+from kimi_eagle.eagle3.speculative import generate_target_only
 
 torch.set_num_threads(1)
 
@@ -26,26 +24,9 @@ def rows(target, stories):
     out = []
     for i, text in enumerate(["Once upon a time", "The dog", "Tom had a red ball", "One day"]):
         prompt = [1] + stories.encode(text)
-        completion = generate(target, prompt, 12 + 5 * i, 1.0, 2, g)
+        completion = generate_target_only(target, prompt, 12 + 5 * i, 1.0, 2, g)
         out.append(Row(f"r{i}", prompt + completion, [0] * len(prompt) + [1] * len(completion)))
     return out
-
-
-def test_default_layer_ids_follow_eagle3_and_stay_distinct_for_small_models():
-    assert default_layer_ids(61) == (1, 29, 57)  # Kimi-K2.5
-    assert default_layer_ids(32) == (1, 15, 28)  # Llama-3-8B: vLLM's (2, 16, 29) minus one
-    assert default_layer_ids(5) == (1, 2, 3)  # stories260K: (1, 1, 1) would collapse
-    for n in range(3, 80):
-        a, b, c = default_layer_ids(n)
-        assert 0 <= a < b < c < n
-
-
-def test_engine_layer_id_conventions():
-    assert engine_layer_ids([1, 29, 57], "vllm") == [2, 30, 58]  # capture before block j = output of j-1
-    assert engine_layer_ids([1, 29, 57], "sglang") == [1, 29, 57]  # first id 1: SGLang adds 1 itself
-    assert engine_layer_ids([2, 4, 6], "sglang") == [3, 5, 7]  # otherwise SGLang uses ids as "before block j"
-    with pytest.raises(ValueError, match="block output 0"):
-        engine_layer_ids([0, 2, 3], "sglang")
 
 
 def test_extracted_states_are_the_target_block_outputs(target, rows, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.diff.report import confusion, precision_recall
-from kimi_eagle.diff.simulate import EFFECTS, load_source_records, run_benchmark, simulate, write_samples
+from kimi_eagle.diff.simulate import EFFECTS, load_source_records, run_benchmark, simulate_samples, write_samples
 
 PER_EFFECT = 4
 
@@ -15,7 +15,7 @@ PER_EFFECT = 4
 @pytest.fixture(scope="module")
 def benchmark(kimi, tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
-    samples = simulate(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=PER_EFFECT, seed=3)
+    samples = simulate_samples(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=PER_EFFECT, seed=3)
     write_samples(samples, out)
     return samples, run_benchmark(out, kimi_dir()), out
 
@@ -68,6 +68,6 @@ def test_billing_of_the_simulated_usage_is_fully_explained(benchmark):
 
 def test_simulation_is_reproducible(kimi):
     records = load_source_records(["reason-tool-use"])
-    a = simulate(records, kimi, per_effect=1, seed=7, effects=["non_canonical_split", "partial_utf8"])
-    b = simulate(records, kimi, per_effect=1, seed=7, effects=["non_canonical_split", "partial_utf8"])
+    a = simulate_samples(records, kimi, per_effect=1, seed=7, effects=["non_canonical_split", "partial_utf8"])
+    b = simulate_samples(records, kimi, per_effect=1, seed=7, effects=["non_canonical_split", "partial_utf8"])
     assert [(s.id, s.engine_ids) for s in a] == [(s.id, s.engine_ids) for s in b]

@@ -24,7 +24,7 @@ from kimi_eagle.assets import asset_path
 from kimi_eagle.reconstruct.completion import CompletionOptions
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.formats import KimiK25, get_format, render
-from kimi_eagle.reconstruct.job import normalise_messages, parse_turn, reconstruct_record
+from kimi_eagle.reconstruct.record import normalise_messages, parse_turn, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 TEMPLATES = {"kimi-k2.5": "kimi-k2.5", "kimi-k2.5-nothink": "kimi-k2.5", "kimi-k2-thinking": "kimi-k2-thinking",

@@ -11,8 +11,10 @@ from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import REPO_ROOT, stories_dir
 from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.hidden import HiddenStates, Row, extract, load_target
-from kimi_eagle.eagle3.speculative import generate
-from kimi_eagle.eagle3.train import TTTLoss, TrainConfig, expected_tau, soft_targets, supervised_mask, train
+from kimi_eagle.eagle3.speculative import generate_target_only
+from kimi_eagle.eagle3.train import (
+    TTTLoss, TrainConfig, expected_tau, plot_histories, read_history, soft_targets, supervised_mask, train_drafter,
+)
 
 torch.set_num_threads(1)
 
@@ -29,7 +31,7 @@ def hidden_dir(target, stories, tmp_path_factory):
     rows = []
     for i, text in enumerate(["Once upon a time", "The cat sat", "Lily saw a bird", "One day", "Tim was sad", "A big tree"]):
         prompt = [1] + stories.encode(text)
-        completion = generate(target, prompt, 20, 1.0, 2, g)
+        completion = generate_target_only(target, prompt, 20, 1.0, 2, g)
         rows.append(Row(f"r{i}", prompt + completion, [0] * len(prompt) + [1] * len(completion)))
     out = tmp_path_factory.mktemp("hs")
     extract(stories_dir(), rows, out, dtype="bf16", shard_rows=4, model=target)
@@ -97,14 +99,14 @@ def _cfg(hidden_dir, out, **kw):
 
 
 def test_training_learns_and_a_resumed_run_equals_an_uninterrupted_one(hidden_dir, tmp_path):
-    straight = train(_cfg(hidden_dir, tmp_path / "a"))
+    straight = train_drafter(_cfg(hidden_dir, tmp_path / "a"))
     log = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
     assert [h["step"] for h in log] == [2, 4, 6, 8] and log[-1]["loss"] < log[0]["loss"]
     assert straight["finished"] and (tmp_path / "a" / "train_curves.png").stat().st_size > 0
 
-    first = train(_cfg(hidden_dir, tmp_path / "b", stop_after=3))
+    first = train_drafter(_cfg(hidden_dir, tmp_path / "b", stop_after=3))
     assert first["step"] == 3 and not first["finished"] and not (tmp_path / "b" / "drafter").exists()
-    second = train(_cfg(hidden_dir, tmp_path / "b", resume=True))
+    second = train_drafter(_cfg(hidden_dir, tmp_path / "b", resume=True))
     assert second["step"] == 8 and second["finished"]
     a = torch.load(tmp_path / "a" / "checkpoint" / "last.pt", weights_only=False)
     b = torch.load(tmp_path / "b" / "checkpoint" / "last.pt", weights_only=False)
@@ -113,6 +115,32 @@ def test_training_learns_and_a_resumed_run_equals_an_uninterrupted_one(hidden_di
     for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert all(torch.equal(pa[k], pb[k]) for k in pa)
     assert a["scheduler"] == b["scheduler"]
+
+
+def _entry(step, loss):
+    return {"step": step, "lr": 1e-3, "loss": loss, "step_loss": [loss, loss + 1], "acc": [0.5, 0.25],
+            "supervised": [4.0, 4.0], "expected_tau": 1.625}
+
+
+def test_the_history_leaves_out_a_torn_last_line(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    log.write_text(json.dumps(_entry(1, 2.0)) + "\n" + json.dumps(_entry(2, 1.5)) + "\n" + '{"step": 3, "lo')
+    assert [h["step"] for h in read_history(log)] == [1, 2]
+    assert read_history(tmp_path / "never_written.jsonl") == []
+
+
+def test_training_curves_of_several_runs_share_one_figure(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    log.write_text("".join(json.dumps(_entry(s, 2.0 / s)) + "\n" for s in (1, 2, 3)))
+    fig = plot_histories({"engine IDs": log, "recon IDs": [_entry(1, 2.5), _entry(2, 2.0)]}, tmp_path / "curves.png")
+    loss_ax, acc_ax = fig.axes
+    assert [line.get_label() for line in loss_ax.lines] == ["engine IDs", "recon IDs"]
+    assert [line.get_linestyle() for line in loss_ax.lines] == ["-", "--"]
+    assert list(loss_ax.lines[0].get_ydata()) == [2.0, 1.0, 2.0 / 3]
+    assert len(acc_ax.lines) == 4  # 2 unroll steps x 2 runs, one colour per step
+    assert acc_ax.lines[0].get_color() == acc_ax.lines[2].get_color()
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "train_log.jsonl"]  # no temp file left
 
 
 def test_torchrun_ddp_with_two_gloo_processes(hidden_dir, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.diff.classify import classify
-from kimi_eagle.diff.simulate import load_source_records, run_benchmark, simulate, write_samples
+from kimi_eagle.diff.simulate import load_source_records, run_benchmark, simulate_samples, write_samples
 from kimi_eagle.diff.inspector import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
 
 from test_align import split_token
@@ -16,7 +16,7 @@ from test_align import split_token
 @pytest.fixture(scope="module")
 def inspector(kimi, tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
-    write_samples(simulate(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=2, seed=11), out)
+    write_samples(simulate_samples(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=2, seed=11), out)
     run_benchmark(out, kimi_dir())
     return DiffInspector.from_files(kimi, out / "diff", out / "engine.jsonl", out / "reconstructed.parquet")
 
@@ -40,7 +40,7 @@ def test_filters_narrow_the_record_list(inspector):
     ids = inspector.filtered_ids
     assert len(ids) == 2 and all(i.endswith("#think_end_missing") for i in ids)
     assert inspector.current_id == ids[0]
-    assert inspector.verdict.label == "special_token"
+    assert inspector.record_verdict.label == "special_token"
     page = inspector.html.value
     assert "label <b>special_token</b>" in page and "&lt;/think&gt;" in page
     inspector.dataset.value = "reason-tool-use"
@@ -55,8 +55,8 @@ def test_filters_narrow_the_record_list(inspector):
 def test_hunk_navigation_moves_and_wraps(inspector):
     inspector.subclass_filter.value = "tool_args_json_equal"
     rid = next(i for i in inspector.filtered_ids if inspector.record.value and
-               (setattr(inspector.record, "value", i) or len(inspector.verdict.hunks) > 1))
-    n = len(inspector.verdict.hunks)
+               (setattr(inspector.record, "value", i) or len(inspector.record_verdict.hunks) > 1))
+    n = len(inspector.record_verdict.hunks)
     assert inspector.current_id == rid and inspector.hunk_index == 0
     assert current_hunk(inspector.html.value) == 0
     inspector.next_button.click()
@@ -70,7 +70,7 @@ def test_hunk_navigation_moves_and_wraps(inspector):
 
 def test_exact_records_show_no_hunks(inspector):
     inspector.verdict_filter.value = "exact"
-    assert inspector.verdict.hunks == [] and inspector.position.value == "no hunks"
+    assert inspector.record_verdict.hunks == [] and inspector.position.value == "no hunks"
     assert inspector.next_button.disabled
     inspector.next_button.click()
     assert inspector.hunk_index is None
@@ -96,13 +96,13 @@ def test_playground_encodes_and_compares_pasted_ids(kimi):
     pg.allow_special.value = True
     k = next(i for i, t in enumerate(pg.encoded) if kimi.token_bytes(t) == b" weather")
     pg.ids.value = ", ".join(map(str, split_token(kimi, pg.encoded, k)))
-    assert pg.verdict.verdict == "bpe_split" and "<b>bpe_split</b>" in pg.html.value
+    assert pg.record_verdict.verdict == "bpe_split" and "<b>bpe_split</b>" in pg.html.value
     pg.ids.value = str(pg.encoded)
-    assert pg.verdict.verdict == "exact"
+    assert pg.record_verdict.verdict == "exact"
     pg.ids.value = "1, two, 3"
-    assert pg.verdict is None and "IDs must be integers" in pg.html.value
+    assert pg.record_verdict is None and "IDs must be integers" in pg.html.value
     pg.ids.value = "[5, 999999]"
-    assert pg.verdict is None and "999999 is outside the vocabulary" in pg.html.value
+    assert pg.record_verdict is None and "999999 is outside the vocabulary" in pg.html.value
 
 
 def test_parse_ids_accepts_lists_and_separators():

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..io import write_text as atomic_write_text
+from ..io import write_json, write_text
 from .grid import Grid, GridError, Run, load_grid, validate
 
 
@@ -254,7 +254,7 @@ def render_html(executed: Path) -> Path:
 
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
     out = executed.with_suffix(".html")
-    atomic_write_text(out, body)
+    write_text(out, body)
     return out
 
 
@@ -266,7 +266,7 @@ def read_state(run_out: Path) -> dict[str, Any]:
 
 
 def write_state(run_out: Path, state: dict[str, Any]) -> None:
-    atomic_write_text(Path(run_out) / "run.json", json.dumps(state, indent=2, default=str))
+    write_json(Path(run_out) / "run.json", state)
 
 
 def _is_done(run_out: Path, run: Run) -> bool:
@@ -283,7 +283,7 @@ def _write_manifest(run_dir: Path, notebook: Path, grid: Grid) -> None:
         "notebook": str(notebook), "notebook_sha256": hashlib.sha256(notebook.read_bytes()).hexdigest(),
         "written_at": _iso(time.time()), "runs": [{"name": r.name, "params": r.params} for r in grid.runs],
     }
-    atomic_write_text(run_dir / "batch.json", json.dumps(manifest, indent=2, default=str))
+    write_json(run_dir / "batch.json", manifest)
 
 
 def _progress_bar(total: int, done: int, enabled: bool):

@@ -17,13 +17,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-from ..io import atomic_path, write_text  # noqa: E402
+from ..io import atomic_path, write_text
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
 MAX_CHARTS = 24
@@ -122,8 +121,7 @@ def _stacked_chart(df: pd.DataFrame, cols: list[str], name: str, path: Path) -> 
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set(title=f"{name} per run", xlabel=f"{name} (stacked)", ylabel="run")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _write_png(fig, path)
 
 
 def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
@@ -181,8 +179,7 @@ def _bar_chart(df: pd.DataFrame, col: str, name: str, interval: tuple[str, str] 
         (" (error bars: interval)" if interval else "")
     ax.set(title=f"{name} per run{note}", xlabel=name, ylabel="run")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _write_png(fig, path)
 
 
 def _line_chart(df: pd.DataFrame, col: str, name: str, path: Path) -> None:
@@ -193,7 +190,13 @@ def _line_chart(df: pd.DataFrame, col: str, name: str, path: Path) -> None:
     ax.set(title=f"{name} per run", xlabel="index (e.g. step)", ylabel=name)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _write_png(fig, path)
+
+
+def _write_png(fig: Figure, path: Path) -> None:
+    """Write ``fig`` to ``path`` as a PNG (atomically) and close it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
 
 

@@ -1,1 +1,1 @@
-"""Stage 3: engine IDs against reconstructed IDs by bytes (alignment, classification, billing, reports, inspector, simulation)."""
+"""Stage 3: engine IDs against reconstructed IDs by bytes (byte diff, alignment, classification, billing, reports, inspector, simulation)."""

@@ -29,9 +29,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .align import Alignment, Hunk, align, vocab
-from ..tokcache import per_tokenizer
 from ..tokenize.tokenizer import Tokenizer
+from .align import Alignment, Hunk, align
 
 VERDICTS = ("exact", "bpe_split", "semantic")
 SUBCLASSES = ("truncation", "replacement_char", "special_token", "whitespace", "tool_call_id",
@@ -85,21 +84,14 @@ class RecordVerdict:
         return self.hunks[0].hunk.a_start if self.hunks else None
 
 
-@per_tokenizer
-def _specials(tok: Tokenizer) -> tuple[frozenset[int], dict[int, str], int]:
-    """Special IDs, their texts, and the smallest special ID (a quick "none here" test by ``max``)."""
-    texts = {s.id: s.text for s in tok.special_tokens}
-    return frozenset(texts), texts, min(texts, default=1 << 62)
-
-
 def is_canonical(tok: Tokenizer, ids: Sequence[int], raw: bytes) -> bool | None:
     """Is ``ids`` what the tokenizer produces for ``raw``? None when ``raw`` is not valid UTF-8."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    specials, texts, _ = _specials(tok)
-    allowed = {texts[i] for i in ids if i in specials}
+    texts = tok.special_text_by_id
+    allowed = {texts[i] for i in ids if i in texts}
     return tok.encode(text, allow_special=allowed) == list(ids)
 
 
@@ -120,44 +112,6 @@ def _segment_kinds(spans: Spans, start: int, end: int) -> list[str]:
     return kinds
 
 
-def _special_counts(ids: Sequence[int], specials: frozenset[int], lowest: int = 0) -> list[int]:
-    """The special IDs in ``ids`` as a sorted list (a multiset); ``lowest`` is the smallest special ID."""
-    if not ids or max(ids) < lowest or specials.isdisjoint(ids):
-        return []
-    ids = ids if isinstance(ids, list) else list(ids)
-    return sorted([t for t in specials.intersection(ids) for _ in range(ids.count(t))])
-
-
-def _without_specials(tok: Tokenizer, run: list[int], raw: bytes, present: list[int], offset, start: int) -> bytes:
-    """``raw`` (the bytes of ``run``, tokens ``start..`` of a side) without the bytes of its special tokens.
-
-    ``present`` are the run's special IDs; ``offset(k)`` the byte offset of token ``k`` (None if unknown).
-    The special tokens are found with ``list.index`` and cut out by offset, so a long run costs little.
-    """
-    if not present:
-        return raw
-    first = offset(start)
-    if first is None or offset(start + len(run)) is None:
-        plain = vocab(tok).plain  # special tokens spelled b""
-        return b"".join(map(plain.__getitem__, run))
-    where = []
-    for t in set(present):
-        k = run.index(t)
-        while True:
-            where.append(k)
-            try:
-                k = run.index(t, k + 1)
-            except ValueError:
-                break
-    where.sort()
-    pieces, last = [], 0
-    for k in where:
-        pieces.append(raw[last : offset(start + k) - first])
-        last = offset(start + k + 1) - first
-    pieces.append(raw[last:])
-    return b"".join(pieces)
-
-
 def _json_equal(x: bytes, y: bytes) -> bool:
     try:
         return json.loads(x.decode("utf-8")) == json.loads(y.decode("utf-8"))
@@ -165,23 +119,21 @@ def _json_equal(x: bytes, y: bytes) -> bool:
         return False
 
 
-def semantic_subclass(tok: Tokenizer, al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]],
+def semantic_subclass(al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]],
                       json_cache: dict[tuple[int, int], bool] | None = None, kinds: list[str] | None = None) -> str:
     """The subclass of one hunk whose bytes (or special tokens) differ; see the module docstring."""
-    specials, _, lowest = _specials(tok)
-    a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
-    return _subclass(tok, al, h, a_run, b_run, _special_counts(a_run, specials, lowest),
-                     _special_counts(b_run, specials, lowest), segments, json_cache, kinds)
+    return _subclass(al, h, al.a.run_specials(h.a_start, h.a_end), al.b.run_specials(h.b_start, h.b_end), segments,
+                     json_cache, kinds)
 
 
-def _subclass(tok: Tokenizer, al: Alignment, h: Hunk, a_run: list[int], b_run: list[int], sa: list[int],
-              sb: list[int], segments: Sequence[Mapping[str, Any]], json_cache: dict[tuple[int, int], bool] | None,
-              kinds: list[str] | None, spans: Spans | None = None) -> str:
-    """:func:`semantic_subclass` given the runs and their special IDs (``sa``, ``sb``)."""
-    xa, xb = al.a_run_bytes(h), al.b_run_bytes(h)
-    if xa != xb and h.a_end == len(al.a) and h.b_end == len(al.b):
-        oa = _without_specials(tok, a_run, xa, sa, al.a_run_offset, h.a_start)
-        ob = _without_specials(tok, b_run, xb, sb, al.b_run_offset, h.b_start)
+def _subclass(al: Alignment, h: Hunk, sa: list[int], sb: list[int], segments: Sequence[Mapping[str, Any]],
+              json_cache: dict[tuple[int, int], bool] | None, kinds: list[str] | None, spans: Spans | None = None) -> str:
+    """:func:`semantic_subclass` given the special IDs of the two runs (``sa``, ``sb``)."""
+    a, b = al.a, al.b
+    xa, xb = a.run_bytes(h.a_start, h.a_end), b.run_bytes(h.b_start, h.b_end)
+    if xa != xb and h.a_end == len(a) and h.b_end == len(b):
+        oa = a.run_plain_bytes(h.a_start, h.a_end) if sa else xa
+        ob = b.run_plain_bytes(h.b_start, h.b_end) if sb else xb
         short, long_ = sorted((oa, ob), key=len)
         if len(short) < len(long_) and long_.startswith(short):
             return "truncation"
@@ -205,7 +157,7 @@ def _subclass(tok: Tokenizer, al: Alignment, h: Hunk, a_run: list[int], b_run: l
             cache = {} if json_cache is None else json_cache
             if (bs, be) not in cache:  # one parse per arguments segment, however many hunks it holds
                 as_, ae = al.b_to_a_byte(bs, "start"), al.b_to_a_byte(be, "end")
-                cache[bs, be] = _json_equal(al.a_slice(as_, ae), al.b_slice(bs, be))
+                cache[bs, be] = _json_equal(a.slice(as_, ae), b.slice(bs, be))
             if cache[bs, be]:
                 return "tool_args_json_equal"
     return "other"
@@ -215,25 +167,21 @@ def classify_alignment(tok: Tokenizer, al: Alignment, segments: Sequence[Mapping
     """Verdict for an alignment of engine IDs (``a``) against reconstructed IDs (``b``)."""
     if not al.hunks:
         return RecordVerdict("exact", "exact", [], [], al)
-    specials, _, lowest = _specials(tok)
+    a, b = al.a, al.b
     hunks: list[HunkVerdict] = []
     json_cache: dict[tuple[int, int], bool] = {}
     spans = _spans(segments)
     for h in al.hunks:
-        a_run, b_run = al.a[h.a_start : h.a_end], al.b[h.b_start : h.b_end]
-        sa, sb = al.a_run_specials(h), al.b_run_specials(h)
-        if sa is None:
-            sa = _special_counts(a_run, specials, lowest)
-        if sb is None:
-            sb = _special_counts(b_run, specials, lowest)
+        sa, sb = a.run_specials(h.a_start, h.a_end), b.run_specials(h.b_start, h.b_end)
         kinds = _segment_kinds(spans, h.b_byte_start, h.b_byte_end)
         segment = "+".join(kinds)
         if h.same_bytes and sa == sb:
-            hunks.append(HunkVerdict(h, "split", None, segment, is_canonical(tok, a_run, al.a_run_bytes(h)),
-                                     is_canonical(tok, b_run, al.b_run_bytes(h))))
+            hunks.append(HunkVerdict(h, "split", None, segment,
+                                     is_canonical(tok, a[h.a_start : h.a_end], a.run_bytes(h.a_start, h.a_end)),
+                                     is_canonical(tok, b[h.b_start : h.b_end], b.run_bytes(h.b_start, h.b_end))))
         else:
-            hunks.append(HunkVerdict(h, "semantic", _subclass(tok, al, h, a_run, b_run, sa, sb, segments, json_cache,
-                                                              kinds, spans), segment, None, None))
+            hunks.append(HunkVerdict(h, "semantic", _subclass(al, h, sa, sb, segments, json_cache, kinds, spans),
+                                     segment, None, None))
     present = {hv.subclass for hv in hunks}
     subclasses = [c for c in SUBCLASSES if c in present]
     if not subclasses:

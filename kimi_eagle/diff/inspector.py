@@ -19,11 +19,11 @@ from typing import Any, Mapping, Sequence
 import ipywidgets as W
 import pandas as pd
 
-from .align import AlignError
 from ..tokenize.chips import CHIP_CSS, chip
-from .classify import SUBCLASSES, RecordVerdict, classify
-from .run import read_diff, read_engine, read_reconstructed
 from ..tokenize.tokenizer import Tokenizer
+from .align import AlignError
+from .classify import SUBCLASSES, VERDICTS, RecordVerdict, classify
+from .run import read_diff, read_engine, read_reconstructed
 
 ALL = "(all)"
 ALIGNED_CSS = """<style>
@@ -55,7 +55,7 @@ def aligned_html(tok: Tokenizer, v: RecordVerdict, current: int | None = None, c
     ``context < 0`` shows everything.
     """
     al = v.alignment
-    specials = frozenset(s.id for s in tok.special_tokens)
+    specials = tok.special_ids
     cols: list[str] = []
     ia = ib = 0
 
@@ -103,8 +103,8 @@ def hunk_table_html(v: RecordVerdict, current: int | None) -> str:
         rows.append(f"<tr><td>{mark}{n + 1}</td><td>{html.escape(hv.kind)}</td><td>{html.escape(hv.subclass or '')}</td>"
                     f"<td>{html.escape(hv.segment)}</td><td>{h.a_byte_start}:{h.a_byte_end}</td>"
                     f"<td>{h.b_byte_start}:{h.b_byte_end}</td><td>{h.token_delta:+d}</td>"
-                    f"<td>{html.escape(repr(v.alignment.a_run_bytes(h))[:60])}</td>"
-                    f"<td>{html.escape(repr(v.alignment.b_run_bytes(h))[:60])}</td></tr>")
+                    f"<td>{html.escape(repr(v.alignment.a.run_bytes(h.a_start, h.a_end))[:60])}</td>"
+                    f"<td>{html.escape(repr(v.alignment.b.run_bytes(h.b_start, h.b_end))[:60])}</td></tr>")
     head = ("<tr><th>#</th><th>kind</th><th>subclass</th><th>segment</th><th>engine bytes</th><th>recon bytes</th>"
             "<th>Δ tokens</th><th>engine</th><th>reconstructed</th></tr>")
     return f'<table class="ke-meta">{head}{"".join(rows)}</table>' if rows else "<p>no hunks: the IDs are identical</p>"
@@ -139,11 +139,11 @@ class DiffInspector:
         self.tok = tok
         self.records = records[records["status"] == "ok"].reset_index(drop=True)
         self.sequences = sequences
-        self.verdict: RecordVerdict | None = None
+        self.record_verdict: RecordVerdict | None = None
         self.hunk_index: int | None = None
         datasets = sorted(self.records["dataset"].dropna().unique().tolist())
         self.dataset = W.Dropdown(options=[ALL, *datasets], value=ALL, description="dataset")
-        self.verdict_filter = W.Dropdown(options=[ALL, "exact", "bpe_split", "semantic"], value=ALL, description="verdict")
+        self.verdict_filter = W.Dropdown(options=[ALL, *VERDICTS], value=ALL, description="verdict")
         self.subclass_filter = W.Dropdown(options=[ALL, *SUBCLASSES], value=ALL, description="subclass")
         self.record = W.Dropdown(options=[], description="record", layout=W.Layout(width="480px"))
         self.prev_button = W.Button(description="◀ previous hunk", layout=W.Layout(width="150px"))
@@ -211,30 +211,30 @@ class DiffInspector:
     def _select(self) -> None:
         rid = self.record.value
         if rid is None:
-            self.verdict, self.hunk_index = None, None
+            self.record_verdict, self.hunk_index = None, None
         else:
             engine_ids, recon_ids, segments = self.sequences[rid]
             try:
-                self.verdict = classify(self.tok, list(engine_ids), list(recon_ids), list(segments))
+                self.record_verdict = classify(self.tok, list(engine_ids), list(recon_ids), list(segments))
             except AlignError as e:
-                self.verdict = None
+                self.record_verdict = None
                 self.html.value = f"<b>{html.escape(rid)}</b>: {html.escape(str(e))}"
                 return
-            self.hunk_index = 0 if self.verdict.hunks else None
+            self.hunk_index = 0 if self.record_verdict.hunks else None
         self._render()
 
     def step(self, delta: int) -> None:
         """Move to the previous (-1) or next (+1) hunk, wrapping around."""
-        if self.verdict is None or not self.verdict.hunks:
+        if self.record_verdict is None or not self.record_verdict.hunks:
             return
-        n = len(self.verdict.hunks)
+        n = len(self.record_verdict.hunks)
         self.hunk_index = ((self.hunk_index or 0) + delta) % n
         self._render()
 
     # -- view
 
     def _render(self) -> None:
-        v = self.verdict
+        v = self.record_verdict
         if v is None:
             self.position.value = ""
             self.html.value = "<p>no record matches the filters</p>"
@@ -264,7 +264,7 @@ class TokenizerPlayground:
         self.ids = W.Textarea(value=ids, description="IDs", placeholder="paste IDs to compare: 1, 2, 3 or [1, 2, 3]",
                               layout=W.Layout(width="90%", height="60px"))
         self.html = W.HTML()
-        self.verdict: RecordVerdict | None = None
+        self.record_verdict: RecordVerdict | None = None
         self.encoded: list[int] = []
         for w in (self.text, self.allow_special, self.ids):
             w.observe(lambda _: self._render(), names="value")
@@ -276,16 +276,16 @@ class TokenizerPlayground:
         self.encoded = tok.encode(self.text.value, allow_special=self.allow_special.value)
         nbytes = len(self.text.value.encode())
         out = [f"<p>{len(self.encoded)} tokens, {nbytes} bytes</p>", CHIP_CSS,
-               '<div class="ke-chips">' + _chips(tok, self.encoded, 0, frozenset(s.id for s in tok.special_tokens)) + "</div>"]
-        self.verdict = None
+               '<div class="ke-chips">' + _chips(tok, self.encoded, 0, tok.special_ids) + "</div>"]
+        self.record_verdict = None
         try:
             pasted = parse_ids(self.ids.value)
             if pasted:
-                self.verdict = classify(tok, pasted, self.encoded)
+                self.record_verdict = classify(tok, pasted, self.encoded)
         except (ValueError, AlignError) as e:
             out.append(f'<p style="color:#d32f2f">IDs: {html.escape(str(e))}</p>')
-        if self.verdict is not None:
-            v = self.verdict
+        if self.record_verdict is not None:
+            v = self.record_verdict
             out.append(f"<p>pasted IDs (top) against the text's encoding (bottom): <b>{v.verdict}</b>"
                        f"{' (' + ', '.join(v.subclasses) + ')' if v.subclasses else ''}, {len(v.hunks)} hunks, "
                        f"token delta {v.token_delta:+d}</p>")

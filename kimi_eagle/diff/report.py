@@ -13,16 +13,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from ..io import write_text
-from .classify import LABELS, SUBCLASSES  # noqa: E402
-from .run import STATUSES, DiffResult, read_diff  # noqa: E402
+from ..io import atomic_path, write_text
+from .classify import LABELS, SUBCLASSES, VERDICTS
+from .run import STATUSES, DiffResult, read_diff
 
 Z95 = 1.959963984540054
 VERDICT_COLORS = {"exact": "#388e3c", "bpe_split": "#1976d2", "semantic": "#d32f2f"}
@@ -114,7 +111,7 @@ def billing_summary(records: pd.DataFrame, hunks: pd.DataFrame) -> dict[str, Any
     return out
 
 
-def summarize(result: DiffResult) -> dict[str, Any]:
+def summarize_diff(result: DiffResult) -> dict[str, Any]:
     """Everything ``summary.json`` holds."""
     rec, hunks = result.records, result.hunks
     ok = _ok(rec)
@@ -122,7 +119,7 @@ def summarize(result: DiffResult) -> dict[str, Any]:
         "n_records": len(rec),
         "status": {s: int((rec["status"] == s).sum()) for s in STATUSES},
         "errors": rec.loc[rec["status"] == "error", ["id", "error"]].head(20).to_dict("records"),
-        "verdict": {v: int((ok["verdict"] == v).sum()) for v in ("exact", "bpe_split", "semantic")},
+        "verdict": {v: int((ok["verdict"] == v).sum()) for v in VERDICTS},
         "label": {k: int(v) for k, v in ok["label"].value_counts().items()},
         "records_with_subclass": {c: int(ok["subclasses"].map(lambda s, c=c: c in list(s)).sum()) for c in SUBCLASSES},
         "n_hunks": len(hunks),
@@ -149,8 +146,10 @@ def summarize(result: DiffResult) -> dict[str, Any]:
 
 
 def _save(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG to ``path`` (atomically) and close it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
 
@@ -375,8 +374,7 @@ def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, P
 def write_report(result: DiffResult, out_dir: str | Path) -> dict[str, Any]:
     """Write summary.json, the charts and report.html into ``out_dir``; return the summary."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(result)
+    summary = summarize_diff(result)
     charts = make_charts(result, out)
     summary["charts"] = {k: p.name for k, p in charts.items()}
     for name, text in (("summary.json", json.dumps(summary, indent=2, default=str)),

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +21,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .align import AlignError
-from .billing import completion_billing, reasoning_billing, reasoning_tokens
-from .classify import RecordVerdict, classify
+from ..io import atomic_path, read_jsonl, write_json, write_lines
 from ..records import RecordError, parse_engine_record
-from ..io import read_jsonl
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
+from .align import AlignError, check_ids
+from .billing import completion_billing, reasoning_billing
+from .classify import HunkVerdict, RecordVerdict, classify
 
 RECON_COLUMNS = ("id", "status", "completion_ids", "segments")
 STATUSES = ("ok", "missing_engine", "missing_api", "error")
@@ -94,8 +92,8 @@ def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
         try:
             rec = parse_engine_record(line.obj)
             entry = EngineEntry(rec.id, line.lineno, rec.output_ids, rec.prompt_ids, rec.finish_reason)
-            entry.error = _check_ids(tok, rec.output_ids, "output_ids") or (
-                _check_ids(tok, rec.prompt_ids, "prompt_ids") if rec.prompt_ids is not None else None)
+            entry.error = _ids_error(tok, rec.output_ids, "output_ids") or (
+                _ids_error(tok, rec.prompt_ids, "prompt_ids") if rec.prompt_ids is not None else None)
         except RecordError as e:
             rid = str(raw_id) if raw_id is not None else f"<engine line {line.lineno}>"
             entry = EngineEntry(rid, line.lineno, error=f"engine line {line.lineno}: {e}")
@@ -108,12 +106,14 @@ def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
     return entries
 
 
-def _check_ids(tok: Tokenizer, ids: list[int], field: str) -> str | None:
+def _ids_error(tok: Tokenizer, ids: list[int], field: str) -> str | None:
+    """Why the engine's ``field`` cannot be diffed (empty output, an ID outside the vocabulary), or None."""
     if not ids and field == "output_ids":
         return "engine output_ids is empty"
-    bad = next(((k, i) for k, i in enumerate(ids) if not 0 <= i < tok.n_vocab), None)
-    if bad:
-        return f"engine {field}[{bad[0]}] = {bad[1]} is outside the vocabulary 0..{tok.n_vocab - 1} of {tok.name}"
+    try:
+        check_ids(tok, ids, f"engine {field}")
+    except AlignError as e:
+        return str(e)
     return None
 
 
@@ -190,14 +190,14 @@ def _verdict_fields(v: RecordVerdict) -> dict[str, Any]:
                 first_divergence_frac=None if first is None else first / max(v.n_engine, 1))
 
 
-def _hunk_row(rid: str, dataset: str | None, k: int, hv, v: RecordVerdict) -> dict[str, Any]:
+def _hunk_row(rid: str, dataset: str | None, k: int, hv: HunkVerdict, v: RecordVerdict) -> dict[str, Any]:
     h, al = hv.hunk, v.alignment
     return dict(id=rid, dataset=dataset, hunk=k, kind=hv.kind, subclass=hv.subclass, segment=hv.segment,
                 engine_tok_start=h.a_start, engine_tok_end=h.a_end, recon_tok_start=h.b_start, recon_tok_end=h.b_end,
                 engine_byte_start=h.a_byte_start, engine_byte_end=h.a_byte_end,
                 recon_byte_start=h.b_byte_start, recon_byte_end=h.b_byte_end,
                 engine_ids=al.a[h.a_start : h.a_end], recon_ids=al.b[h.b_start : h.b_end],
-                engine_bytes=al.a_run_bytes(h), recon_bytes=al.b_run_bytes(h), token_delta=h.token_delta,
+                engine_bytes=al.a.run_bytes(h.a_start, h.a_end), recon_bytes=al.b.run_bytes(h.b_start, h.b_end), token_delta=h.token_delta,
                 engine_canonical=hv.engine_canonical, recon_canonical=hv.recon_canonical)
 
 
@@ -250,7 +250,6 @@ def sample_pair(api_path: str | Path, engine_path: str | Path, n: int | None, ou
     never hides bad input. Written to ``out_dir/api.jsonl`` and ``out_dir/engine.jsonl``.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     api_lines, ids = [], set()
     with open(api_path, "rb") as f:
         for raw in f:
@@ -277,9 +276,7 @@ def sample_pair(api_path: str | Path, engine_path: str | Path, n: int | None, ou
                 engine_lines.append(raw if raw.endswith(b"\n") else raw + b"\n")
     paths = (out / "api.jsonl", out / "engine.jsonl")
     for path, lines in zip(paths, (api_lines, engine_lines)):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(b"".join(lines))
-        os.replace(tmp, path)
+        write_lines(path, lines)
     return paths
 
 
@@ -288,27 +285,19 @@ def sample_pair(api_path: str | Path, engine_path: str | Path, n: int | None, ou
 
 
 def _write_parquet(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def write_diff(result: DiffResult, out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
     """Write ``records.parquet``, ``hunks.parquet`` and ``meta.json`` atomically into ``out_dir``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     _write_parquet(result.records, RECORD_SCHEMA, out / "records.parquet")
     _write_parquet(result.hunks, HUNK_SCHEMA, out / "hunks.parquet")
     meta = {**(meta or {}), "n_records": len(result.records), "n_hunks": len(result.hunks),
             "status": result.records["status"].value_counts().to_dict()}
-    tmp = out / ".meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, default=str))
-    os.replace(tmp, out / "meta.json")
+    write_json(out / "meta.json", meta)
     return out
 
 

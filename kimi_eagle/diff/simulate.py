@@ -39,14 +39,13 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..io import atomic_path, write_text as _atomic_text
-from .align import byte_table
-from .billing import reasoning_tokens
+from ..io import atomic_path, write_jsonl
 from ..reconstruct.completion import CompletionOptions
 from ..reconstruct.formats import get_format
+from ..reconstruct.record import reconstruct_record
 from ..records import RecordError
-from ..reconstruct.job import reconstruct_record
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
+from .billing import reasoning_tokens
 
 EFFECTS: dict[str, str] = {
     "none": "exact",
@@ -104,21 +103,8 @@ def _word_position(rng: random.Random, text: str) -> int:
 
 
 def _find_token(tok: Tokenizer, raw: bytes) -> int | None:
-    table, _ = byte_table(tok)
-    index = _token_index(tok, table)
-    return index.get(raw)
-
-
-_INDEX: dict[int, dict[bytes, int]] = {}
-
-
-def _token_index(tok: Tokenizer, table: list[bytes]) -> dict[bytes, int]:
-    key = id(table)
-    if key not in _INDEX:
-        specials = {s.id for s in tok.special_tokens}
-        _INDEX.clear()
-        _INDEX[key] = {b: i for i, b in enumerate(table) if i not in specials}
-    return _INDEX[key]
+    """The ordinary token spelled ``raw``, or None."""
+    return tok.id_by_bytes.get(raw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,7 +129,7 @@ def _literal_marker(rng, tok, fmt, rec):
 
 def _split(rng, tok, fmt, rec):
     ids, n_reasoning, segments = _reconstruct(rec, tok, fmt)
-    specials = {s.id for s in tok.special_tokens}
+    specials = tok.special_ids
     in_reasoning = {i for s in segments if s["kind"] == "reasoning" for i in range(s["tok_start"], s["tok_end"])}
     order = list(range(len(ids)))
     rng.shuffle(order)
@@ -236,7 +222,7 @@ def _partial_utf8(rng, tok, fmt, rec):
     ids, n_reasoning, segments = _reconstruct(rec, tok, fmt)
     content = next(s for s in segments if s["kind"] == "content")
     p = content["byte_start"] + len(text[:k].encode())  # the U+FFFD bytes: [p, p + 3)
-    table, lengths = byte_table(tok)
+    table = tok.token_table
     offsets = [0]
     for i in ids:
         offsets.append(offsets[-1] + len(table[i]))
@@ -282,8 +268,8 @@ def _with_usage(rec: dict, engine_ids: list[int], n_reasoning: int) -> dict:
     return rec
 
 
-def simulate(records: Iterable[dict], tok: Tokenizer, format_name: str = DEFAULT_FORMAT, per_effect: int = 10,
-             seed: int = 0, effects: Iterable[str] = EFFECTS) -> list[Sample]:
+def simulate_samples(records: Iterable[dict], tok: Tokenizer, format_name: str = DEFAULT_FORMAT, per_effect: int = 10,
+                     seed: int = 0, effects: Iterable[str] = EFFECTS) -> list[Sample]:
     """Inject each effect into ``per_effect`` records (each source record used at most once)."""
     fmt = get_format(format_name, tok)
     pool = [r for r in records if isinstance(r, dict) and not r.get("error")]
@@ -317,11 +303,9 @@ def simulate(records: Iterable[dict], tok: Tokenizer, format_name: str = DEFAULT
 def write_samples(samples: list[Sample], out_dir: str | Path) -> dict[str, Path]:
     """``api.jsonl``, ``engine.jsonl`` and ``labels.parquet`` in ``out_dir`` (each written atomically)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = {"api": out / "api.jsonl", "engine": out / "engine.jsonl", "labels": out / "labels.parquet"}
-    _atomic_text(paths["api"], "".join(json.dumps(s.api, ensure_ascii=False) + "\n" for s in samples))
-    _atomic_text(paths["engine"], "".join(
-        json.dumps({"id": s.id, "output_ids": s.engine_ids, "prompt_ids": s.prompt_ids}) + "\n" for s in samples))
+    write_jsonl(paths["api"], (s.api for s in samples))
+    write_jsonl(paths["engine"], ({"id": s.id, "output_ids": s.engine_ids, "prompt_ids": s.prompt_ids} for s in samples))
     table = pa.Table.from_pylist([{"id": s.id, "dataset": s.dataset, "effect": s.effect, "expected": s.expected,
                                    "detail": s.detail} for s in samples],
                                  schema=pa.schema([(c, pa.string()) for c in ("id", "dataset", "effect", "expected", "detail")]))
@@ -376,7 +360,8 @@ def run(args: argparse.Namespace) -> int:
 
     tok_dir = args.tokenizer or kimi_dir()
     tok = load_tokenizer(tok_dir)
-    samples = simulate(load_source_records(args.source or DEFAULT_SOURCES), tok, args.format, args.per_effect, args.seed)
+    samples = simulate_samples(load_source_records(args.source or DEFAULT_SOURCES), tok, args.format, args.per_effect,
+                               args.seed)
     paths = write_samples(samples, args.out)
     counts: dict[str, int] = {}
     for s in samples:

@@ -14,19 +14,24 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
+from ..io import atomic_path, read_jsonl, write_json
+from ..tokenize.tokenizer import HFTokenizer
 from .hidden import load_target
-from .speculative import EagleProposer, NgramProposer, Target, generate, speculative_generate
+from .model import load_drafter
+from .speculative import EagleProposer, NgramProposer, Target, generate_target_only, speculative_generate
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+METHOD_LABELS = {"eagle3": "EAGLE-3", "ngram": "n-gram (prompt lookup)"}
 
 
 def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, list[int]]]:
     """``[(id, prompt_ids)]``; a bad line raises ValueError naming it."""
-    from ..io import read_jsonl
-    from ..tokenize.tokenizer import HFTokenizer
-
     path = Path(path)
     tok = HFTokenizer.from_dir(target_dir)
     bos = _bos_id(target_dir)
@@ -61,12 +66,15 @@ def _eos_id(model) -> int | None:
     return eos[0] if isinstance(eos, (list, tuple)) else eos
 
 
-def evaluate(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]], *,
-             k: int = 4, max_new_tokens: int = 64, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
-             ngram: bool = True, model=None, drafter=None) -> dict:
-    """Acceptance length of each method at each temperature; returns a JSON-able report."""
-    from .model import load_drafter
+def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]], *,
+                     k: int = 4, max_new_tokens: int = 64, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
+                     ngram: bool = True, model=None, drafter=None) -> dict:
+    """Acceptance length of each method at each temperature; returns a JSON-able report.
 
+    ``report["methods"][method][mode]`` holds ``tau``, ``rounds``, ``accepted``, ``tokens``, timings
+    and per-prompt τ; ``mode`` is ``greedy`` (temperature 0, plus ``identical_to_target_greedy``) or
+    ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given) and ``ngram``.
+    """
     model = model if model is not None else load_target(target_dir)
     eos = _eos_id(model)
     proposers = []
@@ -77,7 +85,7 @@ def evaluate(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequ
         proposers.append((EagleProposer(drafter), Target(model, drafter.config.aux_layer_ids)))
     if ngram:
         proposers.append((NgramProposer(model.config.vocab_size), Target(model)))
-    references = {pid: generate(model, ids, max_new_tokens, 0.0, eos) for pid, ids in prompts} if 0.0 in temperatures else {}
+    references = {pid: generate_target_only(model, ids, max_new_tokens, 0.0, eos) for pid, ids in prompts} if 0.0 in temperatures else {}
     report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "methods": {}}
     for proposer, target in proposers:
         per_method = {}
@@ -107,6 +115,47 @@ def evaluate(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequ
     return report
 
 
+def tau_table(reports: Mapping[str, dict]) -> dict[str, dict]:
+    """τ of every method of every report, by decoding mode: ``{label: {mode: tau, ..., "greedy identical": "n/m"}}``.
+
+    ``reports`` maps a name to an :func:`evaluate_drafter` report. EAGLE-3 rows are labelled
+    ``EAGLE-3 (<name>)``; the n-gram baseline, which does not depend on the drafter, is one row
+    ``n-gram (prompt lookup)`` (the last report holding it wins). Rows keep the reports' order.
+    """
+    table: dict[str, dict] = {}
+    for name, report in reports.items():
+        for method, per_mode in report["methods"].items():
+            label = f"{METHOD_LABELS['eagle3']} ({name})" if method == "eagle3" else METHOD_LABELS.get(method, method)
+            row = {mode: entry["tau"] for mode, entry in per_mode.items()}
+            if "greedy" in per_mode:
+                row["greedy identical"] = per_mode["greedy"]["identical_to_target_greedy"]
+            table[label] = row
+    return table
+
+
+def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
+             path: str | Path | None = None) -> "Figure":
+    """Grouped bars of τ per decoding mode, one bar per row of a :func:`tau_table`; also written to
+    ``path`` (PNG, atomically) when given. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(table))
+    for i, (label, row) in enumerate(table.items()):
+        bars = ax.bar([j + width * i for j in range(len(modes))], [row[m] for m in modes], width=width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2)
+    ax.set_xticks([j + width * (len(table) - 1) / 2 for j in range(len(modes))], list(modes))
+    ax.axhline(1, color="#999", linewidth=0.8)
+    ax.margins(y=0.12)
+    ax.set(xlabel="decoding", ylabel="acceptance length τ", title=title or "acceptance length τ")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+    return fig
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF target model directory")
     p.add_argument("--draft", help="drafter directory (kimi-eagle train output or an export); omit for the n-gram baseline only")
@@ -124,12 +173,11 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, args.target)
     t0 = time.perf_counter()
-    report = evaluate(args.target, args.draft, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
-                      temperatures=[float(t) for t in args.temperatures.split(",")], seed=args.seed, ngram=not args.no_ngram)
+    report = evaluate_drafter(args.target, args.draft, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
+                              temperatures=[float(t) for t in args.temperatures.split(",")], seed=args.seed, ngram=not args.no_ngram)
     report["seconds"] = round(time.perf_counter() - t0, 2)
-    text = json.dumps(report, indent=1)
     if args.out:
-        Path(args.out).write_text(text)
+        write_json(args.out, report, indent=1)
     for name, per in report["methods"].items():
         for mode, e in per.items():
             extra = f"  identical to target greedy: {e['identical_to_target_greedy']}" if "identical_to_target_greedy" in e else ""

@@ -14,15 +14,16 @@ from pathlib import Path
 
 import torch
 
+from ..io import atomic_path, write_json
+from .layers import CONVENTION, ENGINES, engine_layer_ids
 from .model import Eagle3Config, load_drafter
-from .hidden import CONVENTION, engine_layer_ids
 
-ENGINES = ("sglang", "vllm")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def engine_config(cfg: Eagle3Config, engine: str, dtype: torch.dtype) -> dict:
+    """The ``config.json`` of ``cfg`` exported for ``engine`` (read back by ``Eagle3Config.from_engine_config``)."""
     ids = engine_layer_ids(cfg.aux_layer_ids, engine)
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -56,25 +57,7 @@ def engine_config(cfg: Eagle3Config, engine: str, dtype: torch.dtype) -> dict:
     }
 
 
-def config_from_engine(raw: dict) -> Eagle3Config:
-    """Rebuild an :class:`Eagle3Config` from an exported ``config.json``."""
-    meta = raw.get("kimi_eagle") or {}
-    ids = meta.get("aux_layer_ids_block_output")
-    if ids is None:  # a foreign export: assume the vLLM "capture before block j" convention
-        ids = [i - 1 for i in raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-    return Eagle3Config(
-        hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
-        num_attention_heads=raw["num_attention_heads"], num_key_value_heads=raw["num_key_value_heads"],
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
-        rms_norm_eps=raw["rms_norm_eps"], rope_theta=raw.get("rope_theta", 10000.0), vocab_size=raw["vocab_size"],
-        draft_vocab_size=raw["draft_vocab_size"], target_hidden_size=raw.get("target_hidden_size", raw["hidden_size"]),
-        max_position_embeddings=raw["max_position_embeddings"], aux_layer_ids=list(ids),
-        target_num_layers=meta.get("target_num_layers", max(ids) + 1),
-        bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
-    )
-
-
-def export(draft: str | Path, engine: str, out: str | Path, dtype: str = "fp32") -> Path:
+def export_drafter(draft: str | Path, engine: str, out: str | Path, dtype: str = "fp32") -> Path:
     """Write the engine checkpoint of the drafter at ``draft`` into ``out``; returns ``out``."""
     from safetensors.torch import save_file
 
@@ -83,18 +66,15 @@ def export(draft: str | Path, engine: str, out: str | Path, dtype: str = "fp32")
     model = load_drafter(draft)
     torch_dtype = DTYPES[dtype]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "embed_tokens.weight":
             continue
         state[name] = tensor.to(torch_dtype).contiguous() if tensor.is_floating_point() else tensor.contiguous()
     config = engine_config(model.config, engine, torch_dtype)
-    tmp = out / "model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / "model.safetensors")
-    (out / "config.json.tmp").write_text(json.dumps(config, indent=2))
-    (out / "config.json.tmp").replace(out / "config.json")
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_json(out / "config.json", config)
     return out
 
 
@@ -106,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export(args.draft, args.engine, args.out, args.dtype)
+    out = export_drafter(args.draft, args.engine, args.out, args.dtype)
     cfg = json.loads((out / "config.json").read_text())
     print(json.dumps({"out": str(out), "engine": args.engine,
                       "eagle_aux_hidden_state_layer_ids": cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],

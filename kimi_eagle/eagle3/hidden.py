@@ -3,7 +3,7 @@
 Layer ids are **0-based block-output indices**: id ``i`` is the output of decoder block ``i`` (the
 residual stream after block ``i``; HF ``output_hidden_states[i + 1]``). ``final`` is the last block's
 output after the final norm, so ``target.lm_head(final)`` are the target's logits. Engines count
-differently; :func:`engine_layer_ids` converts (see docs/eagle3.md for the table).
+differently; :mod:`kimi_eagle.eagle3.layers` holds the conventions and the defaults.
 
 Storage: a directory of safetensors shards plus ``manifest.json``. Each shard holds, for its rows
 concatenated along tokens: ``input_ids`` int64 [T], ``loss_mask`` uint8 [T], ``aux`` [T, 3H],
@@ -24,64 +24,13 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from ..io import write_bytes as _atomic_write_bytes
 from ..assets import sha256_file
+from ..io import read_jsonl, write_bytes, write_json
+from .layers import CONVENTION, check_layer_ids, default_layer_ids
 
 MANIFEST = "manifest.json"
 FORMAT = "kimi-eagle-hidden/1"
-CONVENTION = "0-based block-output index (HF hidden_states[i + 1])"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-# ------------------------------------------------------------------------------------------
-# layer ids
-
-
-def default_layer_ids(n_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's low/mid/high layers as 0-based block outputs.
-
-    ``(1, L//2 - 1, L - 4)`` when strictly increasing (Kimi's 61 layers -> 1, 29, 57); otherwise an
-    evenly spread distinct triple over blocks 1..L-2 (1..L-1, then 0..L-1 for very small models).
-    Block 0 is avoided when possible because SGLang cannot express it (see :func:`engine_layer_ids`).
-    """
-    lo, mid, hi = 1, n_layers // 2 - 1, n_layers - 4
-    if lo < mid < hi:
-        return lo, mid, hi
-    for first, last in ((1, n_layers - 2), (1, n_layers - 1), (0, n_layers - 1)):
-        if last - first >= 2:
-            span = last - first
-            ids = (first, first + int(span / 2 + 0.5), last)
-            if ids[0] < ids[1] < ids[2]:
-                return ids
-    raise ValueError(f"a target with {n_layers} layers has no 3 distinct block outputs")
-
-
-def check_layer_ids(layer_ids: Sequence[int], n_layers: int) -> tuple[int, int, int]:
-    ids = tuple(int(i) for i in layer_ids)
-    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= i < n_layers for i in ids):
-        raise ValueError(f"layer ids must be 3 distinct block indices in [0, {n_layers - 1}], got {list(layer_ids)}")
-    return ids  # type: ignore[return-value]
-
-
-def engine_layer_ids(layer_ids: Sequence[int], engine: str) -> list[int]:
-    """``eagle_aux_hidden_state_layer_ids`` for an engine, from 0-based block-output indices.
-
-    * ``vllm`` (and speculators): an id ``j`` captures the residual stream *before* block ``j``,
-      i.e. the output of block ``j - 1``: write ``i + 1``.
-    * ``sglang``: captures before block ``j`` too, but adds 1 to the configured ids only when the
-      first id is 1 (it then reads them as block outputs); otherwise it uses them as they are. So ids
-      starting at 1 are written unchanged and others as ``i + 1``; block 0 cannot be expressed.
-    """
-    ids = [int(i) for i in layer_ids]
-    if engine == "vllm":
-        return [i + 1 for i in ids]
-    if engine == "sglang":
-        if ids[0] == 1:
-            return ids
-        if ids[0] == 0:
-            raise ValueError("SGLang cannot express block output 0 (written as 1 it is read as block output 1)")
-        return [i + 1 for i in ids]
-    raise ValueError(f"unknown engine {engine!r} (sglang or vllm)")
 
 
 # ------------------------------------------------------------------------------------------
@@ -133,8 +82,6 @@ def load_rows(path: str | Path) -> tuple[list[Row], list[dict]]:
 
         objs: Iterable[tuple[Any, str | None]] = ((o, None) for o in pq.read_table(path).to_pylist())
     else:
-        from ..io import read_jsonl
-
         objs = ((line.obj, line.error) for line in read_jsonl(path))
     rows, skipped = [], []
     for index, (obj, error) in enumerate(objs):
@@ -226,7 +173,7 @@ def batches_by_length(lengths: Sequence[int], max_tokens: int) -> list[list[int]
 
 
 def _write_manifest(out: Path, manifest: dict) -> None:
-    _atomic_write_bytes(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+    write_json(out / MANIFEST, manifest, indent=1)
 
 
 def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_ids: Sequence[int] | None = None,
@@ -290,7 +237,7 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_i
             "row_index": torch.arange(start, start + len(chunk), dtype=torch.long),
         }
         data = save(tensors, metadata={"format": FORMAT})
-        _atomic_write_bytes(out / name, data)
+        write_bytes(out / name, data)
         manifest["shards"].append({
             "file": name, "rows": [start, start + len(chunk)], "n_tokens": int(lengths.sum()),
             "ids": [r.id for r in chunk], "truncated": sum(len(r.input_ids) > max_len for r in chunk),

@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..io import atomic_path, write_json
 from .draft_vocab import DraftVocab
+from .layers import layer_ids_from_engine
 
 NATIVE_FORMAT = "kimi-eagle-drafter/1"
 
@@ -67,6 +69,29 @@ class Eagle3Config:
             target_hidden_size=c.hidden_size, max_position_embeddings=c.max_position_embeddings,
             aux_layer_ids=[int(i) for i in aux_layer_ids], target_num_layers=c.num_hidden_layers,
             bos_token_id=getattr(c, "bos_token_id", None), eos_token_id=_first(getattr(c, "eos_token_id", None)),
+        )
+
+    @classmethod
+    def from_engine_config(cls, raw: dict) -> "Eagle3Config":
+        """The config of an exported ``LlamaForCausalLMEagle3`` checkpoint (its ``config.json``).
+
+        The kit's own exports keep the block-output layer ids in their ``kimi_eagle`` block; a foreign
+        export's engine ids are read with :func:`~kimi_eagle.eagle3.layers.layer_ids_from_engine`.
+        """
+        meta = raw.get("kimi_eagle") or {}
+        ids = meta.get("aux_layer_ids_block_output")
+        if ids is None:
+            ids = layer_ids_from_engine(raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        return cls(
+            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+            num_attention_heads=raw["num_attention_heads"], num_key_value_heads=raw["num_key_value_heads"],
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"],
+            rms_norm_eps=raw["rms_norm_eps"], rope_theta=raw.get("rope_theta", 10000.0), vocab_size=raw["vocab_size"],
+            draft_vocab_size=raw["draft_vocab_size"],
+            target_hidden_size=raw.get("target_hidden_size", raw["hidden_size"]),
+            max_position_embeddings=raw["max_position_embeddings"], aux_layer_ids=list(ids),
+            target_num_layers=meta.get("target_num_layers", max(ids) + 1),
+            bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
         )
 
 
@@ -282,14 +307,10 @@ class Eagle3Drafter(nn.Module):
         from safetensors.torch import save_file
 
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        tmp = out / "model.safetensors.tmp"
-        save_file(state, str(tmp), metadata={"format": NATIVE_FORMAT})
-        tmp.replace(out / "model.safetensors")
-        cfg = {"format": NATIVE_FORMAT, "config": asdict(self.config), **(extra or {})}
-        (out / "config.json.tmp").write_text(json.dumps(cfg, indent=1))
-        (out / "config.json.tmp").replace(out / "config.json")
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(state, str(tmp), metadata={"format": NATIVE_FORMAT})
+        write_json(out / "config.json", {"format": NATIVE_FORMAT, "config": asdict(self.config), **(extra or {})}, indent=1)
         return out
 
 
@@ -315,10 +336,7 @@ def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagl
         return model
     if "LlamaForCausalLMEagle3" not in (raw.get("architectures") or []):
         raise ValueError(f"{path}: neither a kimi-eagle drafter nor an exported LlamaForCausalLMEagle3")
-    from .export import config_from_engine
-
-    cfg = config_from_engine(raw)
-    model = Eagle3Drafter(cfg)
+    model = Eagle3Drafter(Eagle3Config.from_engine_config(raw))
     if "embed_tokens.weight" not in state:
         if target_dir is None:
             raise ValueError(f"{path}: exported drafters carry no embeddings; pass the target directory")

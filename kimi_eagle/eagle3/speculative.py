@@ -37,7 +37,7 @@ def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator 
 
 
 @torch.inference_mode()
-def generate(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
+def generate_target_only(model, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
              eos_id: int | None = None, generator: torch.Generator | None = None) -> list[int]:
     """Target-only decoding with a KV cache: the reference speculative decoding must reproduce."""
     ids = torch.tensor([list(prompt_ids)])

@@ -24,17 +24,20 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io import atomic_path, write_text
+from ..io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
 from . import draft_vocab
-from .model import Eagle3Drafter, shift_left, target_tensor
 from .hidden import HiddenStates
+from .model import Eagle3Drafter, shift_left, target_tensor
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -155,7 +158,7 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(path: Path, drafter, optimizer, scheduler, step: int, cfg: TrainConfig, vocab_report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Everything a resumed run needs (weights, optimizer, scheduler, RNG states, step), written atomically."""
     state = {
         "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "step": step, "rng": _rng_state(), "config": asdict(cfg), "draft_vocab": vocab_report,
@@ -188,8 +191,13 @@ def _lr_lambda(steps: int, warmup: float):
     return f
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train (or resume) and return the summary; rank 0 writes ``out/drafter``, logs, plot and metrics."""
+def train_drafter(cfg: TrainConfig) -> dict:
+    """Train (or resume) and return the summary; rank 0 writes ``out/drafter``, logs, plot and metrics.
+
+    Files in ``cfg.out``: ``train_log.jsonl`` (one line per ``log_every`` steps, see :func:`read_history`),
+    ``checkpoint/last.pt``, ``train_curves.png``, ``train_metrics.json`` (the summary), ``drafter/``
+    once every step is done, and ``ddp_rank<r>.json`` per process under DDP.
+    """
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -228,9 +236,11 @@ def train(cfg: TrainConfig) -> dict:
         wrapped = DistributedDataParallel(module, broadcast_buffers=False)
 
     log_path = out / "train_log.jsonl"
+    log = None
     if rank == 0:
-        history = [h for h in _read_log(log_path) if h["step"] <= step] if step else []
-        _write_log(log_path, history)
+        history = [h for h in read_history(log_path) if h["step"] <= step] if step else []
+        write_jsonl(log_path, history)  # a resumed run drops what was logged after its checkpoint
+        log = JsonlAppender(log_path)
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     bar = None
     if rank == 0 and cfg.progress:
@@ -241,49 +251,52 @@ def train(cfg: TrainConfig) -> dict:
     seen: list[int] = []
     start = time.perf_counter()
     tokens = 0
-    while step < end:
-        idx = batch_indices(len(data), cfg.batch_size, world, rank, step, cfg.seed)
-        seen.extend(idx)
-        batch = collate([data[i] for i in idx])
-        tokens += int(batch["input_ids"].numel())
-        loss, stats = wrapped(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        if distributed:
-            dist.all_reduce(stats)
-        window += stats
-        if step % cfg.log_every == 0 or step == end:
-            entry = _log_entry(step, window, scheduler.get_last_lr()[0])
-            window.zero_()
-            if rank == 0:
-                with open(log_path, "a") as f:
-                    f.write(json.dumps(entry) + "\n")
-                if bar is not None:
-                    bar.set_postfix(loss=f"{entry['loss']:.3f}", acc0=f"{entry['acc'][0]:.2f}", tau=f"{entry['expected_tau']:.2f}")
+    try:
+        while step < end:
+            idx = batch_indices(len(data), cfg.batch_size, world, rank, step, cfg.seed)
+            seen.extend(idx)
+            batch = collate([data[i] for i in idx])
+            tokens += int(batch["input_ids"].numel())
+            loss, stats = wrapped(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            if distributed:
+                dist.all_reduce(stats)
+            window += stats
+            if step % cfg.log_every == 0 or step == end:
+                entry = _log_entry(step, window, scheduler.get_last_lr()[0])
+                window.zero_()
+                if log is not None:
+                    log.append(entry)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{entry['loss']:.3f}", acc0=f"{entry['acc'][0]:.2f}", tau=f"{entry['expected_tau']:.2f}")
+            if bar is not None:
+                bar.update(1)
+            if rank == 0 and (step % cfg.save_every == 0 or step == end):
+                save_checkpoint(ckpt_path, drafter, optimizer, scheduler, step, cfg, vocab.report())
+    finally:
         if bar is not None:
-            bar.update(1)
-        if rank == 0 and (step % cfg.save_every == 0 or step == end):
-            save_checkpoint(ckpt_path, drafter, optimizer, scheduler, step, cfg, vocab.report())
-    if bar is not None:
-        bar.close()
+            bar.close()
+        if log is not None:
+            log.close()
     seconds = time.perf_counter() - start
     summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "draft_vocab": vocab.report(),
                "layer_ids": list(data.layer_ids), "train_tokens_per_s": round(tokens * world / seconds, 1) if seconds else None}
     if distributed:
-        (out / f"ddp_rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": world, "rows": seen,
-                                                               "params_sha256": param_digest(drafter)}))
+        write_json(out / f"ddp_rank{rank}.json", {"rank": rank, "world_size": world, "rows": seen,
+                                                   "params_sha256": param_digest(drafter)}, indent=None)
     if rank == 0:
-        history = _read_log(log_path)
+        history = read_history(log_path)
         if history:
             summary.update(final=history[-1])
-            plot_history(history, out / "train_curves.png")
+            _close(plot_history(history, out / "train_curves.png"))
         if step >= cfg.steps:
             drafter.save(out / "drafter", extra={"draft_vocab": vocab.report(), "training": asdict(cfg)})
-        (out / "train_metrics.json").write_text(json.dumps(summary, indent=1))
+        write_json(out / "train_metrics.json", summary, indent=1)
     if distributed:
         dist.barrier()
     return summary
@@ -297,21 +310,18 @@ def _log_entry(step: int, window: torch.Tensor, lr: float) -> dict:
             "acc": [round(a, 5) for a in acc], "supervised": n.tolist(), "expected_tau": round(expected_tau(acc), 4)}
 
 
-def _read_log(path: Path) -> list[dict]:
-    if not path.exists():
+def read_history(path: str | Path) -> list[dict]:
+    """The entries of a ``train_log.jsonl``, in order: ``step``, ``lr``, ``loss`` (step 0), ``step_loss``,
+    ``acc`` (per unroll step), ``supervised`` and ``expected_tau``. A torn last line (a killed run) is
+    left out; a missing log is empty."""
+    if not Path(path).exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line.obj for line in read_jsonl(path) if line.error is None]
 
 
-def _write_log(path: Path, history: list[dict]) -> None:
-    write_text(path, "".join(json.dumps(h) + "\n" for h in history))
-
-
-def plot_history(history: list[dict], path: str | Path) -> Path:
-    """Loss (step 0) and accuracy of every unroll step over training."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot_history(history: Sequence[dict], path: str | Path | None = None) -> "Figure":
+    """Loss and accuracy of every unroll step over one training run; also written to ``path`` (PNG,
+    atomically) when given. Returns the figure."""
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
@@ -323,9 +333,48 @@ def plot_history(history: list[dict], path: str | Path) -> Path:
     a2.set(title="top-1 agreement with the target (draft vocab)", xlabel="optimizer step", ylabel="accuracy", ylim=(0, 1))
     a2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return _saved(fig, path)
+
+
+LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}  # one per run, in turn
+
+
+def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None) -> "Figure":
+    """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
+    per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
+    ``train_log.jsonl`` path or its :func:`read_history` entries. Also written to ``path`` (PNG,
+    atomically) when given. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, (a_loss, a_acc) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (name, run) in enumerate(runs.items()):
+        history = read_history(run) if isinstance(run, (str, Path)) else list(run)
+        style = list(LINE_STYLES)[i % len(LINE_STYLES)]
+        steps = [h["step"] for h in history]
+        a_loss.plot(steps, [h["loss"] for h in history], style, label=name)
+        for k in range(len(history[0]["acc"]) if history else 0):
+            a_acc.plot(steps, [h["acc"][k] for h in history], style, color=f"C{k}", alpha=0.8,
+                       label=f"TTT step {k}" if i == 0 else None)
+    styles = ", ".join(f"{list(LINE_STYLES.values())[i % len(LINE_STYLES)]}: {name}" for i, name in enumerate(runs))
+    a_loss.set(title="step-0 soft cross-entropy", xlabel="optimizer step")
+    a_acc.set(title=f"agreement with the target ({styles})", xlabel="optimizer step", ylim=(0, 1))
+    a_loss.legend()
+    a_acc.legend(fontsize=7)
+    fig.tight_layout()
+    return _saved(fig, path)
+
+
+def _saved(fig: "Figure", path: str | Path | None) -> "Figure":
+    if path is not None:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+    return fig
+
+
+def _close(fig: "Figure") -> None:
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
-    return Path(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -360,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, save_every=args.save_every, log_every=args.log_every, resume=args.resume,
         stop_after=args.stop_after, progress=not args.no_progress,
     )
-    summary = train(cfg)
+    summary = train_drafter(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: summary[k] for k in ("step", "finished", "world_size", "train_tokens_per_s")}
                          | {"final": summary.get("final")}))

@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_path, write_text
-from ..io import read_jsonl
+from ..io import JsonlAppender, read_jsonl, write_lines, write_text
 
 API_KEY_ENV = "OPENROUTER_API_KEY"
 RECORD_ID_HEADER = "X-Record-Id"
@@ -162,8 +161,8 @@ def parse_retry_after(headers: Any, now: float | None = None) -> float | None:
     return None
 
 
-def classify(status: int, headers: Any, content: bytes) -> Outcome:
-    """What to do with one HTTP reply."""
+def classify_response(status: int, headers: Any, content: bytes) -> Outcome:
+    """What to do with one HTTP reply: ``ok``, ``retry``, ``permanent`` error or ``fatal`` (stop the run)."""
     retry_after = parse_retry_after(headers)
     try:
         body = json.loads(content)
@@ -219,36 +218,12 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
             done[key] = {"status": status, "kind": kind}
             kept.append(raw)
     if dropped:
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
+        write_lines(path, kept, fsync=True)
     return done, dropped
 
 
-class Writer:
-    """Appends one complete JSON line per record (flushed), redacting the API key."""
-
-    def __init__(self, path: Path, secret: str | None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "a", encoding="utf-8")
-        self.secret = secret
-        self._last_sync = time.monotonic()
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.f.write(redact(json.dumps(record, ensure_ascii=False), self.secret) + "\n")
-        self.f.flush()
-        if time.monotonic() - self._last_sync > 1.0:
-            os.fsync(self.f.fileno())
-            self._last_sync = time.monotonic()
-
-    def close(self) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-
-
 def redact(text: str, secret: str | None) -> str:
+    """``text`` with every occurrence of ``secret`` replaced by ``[REDACTED]``."""
     return text.replace(secret, REDACTED) if secret else text
 
 
@@ -294,7 +269,7 @@ class Collector:
             try:
                 r = await client.post(self.url, json=prompt.request, headers=headers)
                 status = r.status_code
-                outcome = classify(r.status_code, r.headers, r.content)
+                outcome = classify_response(r.status_code, r.headers, r.content)
             except httpx.TimeoutException as e:
                 status, outcome = None, Outcome("retry", f"timeout ({type(e).__name__})")
             except httpx.TransportError as e:
@@ -324,7 +299,7 @@ class Collector:
                 "key": prompt.key, "status": state, "error": error, "request": prompt.request,
                 "response": outcome.response, "http_status": status, "timing": timing}
 
-    async def run(self, prompts: list[Prompt], writer: Writer, on_done: Any = None) -> None:
+    async def run(self, prompts: list[Prompt], writer: JsonlAppender, on_done: Any = None) -> None:
         import httpx
 
         c = self.config
@@ -350,7 +325,7 @@ class Collector:
                 kind = "ok" if record["status"] == "ok" else record["error"]["kind"]
                 if kind == "fatal":  # not stored: the next run retries it
                     return
-                writer.write(record)
+                writer.append(record)
                 self.counts[kind] += 1
                 if on_done:
                     on_done(record)
@@ -359,7 +334,7 @@ class Collector:
             await asyncio.gather(*(worker(client) for _ in range(max(1, c.concurrency))))
 
 
-def summarize(path: str | Path) -> dict[str, Any]:
+def summarize_output(path: str | Path) -> dict[str, Any]:
     """Totals over an output file: records by status, usage tokens and cost."""
     totals: dict[str, Any] = {"records": 0, "ok": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
                               "reasoning_tokens": 0, "cost": 0.0}
@@ -392,7 +367,8 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
     todo = [p for p in prompts if p.key not in done]
     stale = len(set(done) - {p.key for p in prompts})
     collector = Collector(config, api_key)
-    writer = Writer(output, api_key)
+    # one complete, flushed line per record, the API key redacted, synced to disk every second
+    writer = JsonlAppender(output, transform=(lambda text: redact(text, api_key)) if api_key else None, fsync_every=1.0)
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), disable=not config.progress, unit="req",
                desc="collect", file=sys.stderr, dynamic_ncols=True)
 
@@ -408,7 +384,7 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
     seconds = time.perf_counter() - t0
     summary = {"prompts": len(prompts), "already_done": len(prompts) - len(todo), "requested": len(todo),
                "dropped_on_resume": dropped, "stale_records": stale, **collector.counts, "aborted": collector.abort,
-               "seconds": round(seconds, 3), "totals": summarize(output)}
+               "seconds": round(seconds, 3), "totals": summarize_output(output)}
     write_text(output.with_name(output.name + ".summary.json"), redact(json.dumps(summary, indent=2), api_key))
     return summary
 
@@ -436,23 +412,6 @@ def collect(prompts_path: str | Path, output_path: str | Path, config: CollectCo
     if "error" in result:
         raise result["error"]
     return result["value"]
-
-
-STORY_OPENERS = ("Once upon a time", "One day", "Once upon a time, there was a little", "Lily and Ben went to",
-                 "The sun was shining and", "Tom had a big red", "In a small house,", "The dog wanted to")
-
-
-def story_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` prompt lines for the local stories260K model: story openers in turn, each line with its own ``seed``."""
-    return [{"id": f"story-{i:05d}", "dataset": "stories", "prompt": STORY_OPENERS[i % len(STORY_OPENERS)],
-             "seed": seed * 1_000_003 + i} for i in range(n)]
-
-
-def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> Path:
-    """Write ``rows`` as JSONL atomically (temp file, then ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 # ---- command line

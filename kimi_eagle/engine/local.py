@@ -6,12 +6,15 @@ plain KV-cached sampling loop (temperature, top-p, seeded ``torch.Generator``) o
 one was sampled) and the finish reason. ``engine_record`` turns that into the engine-record
 schema of docs/CONTRACTS.md, with the sampling parameters alongside, so a run can be replayed.
 
-Chat formats (how messages become prompt IDs):
+Chat formats (how messages become prompt IDs; the names are the reconstruction's, kimi_eagle.reconstruct.formats):
 
 - ``plain``: ``[BOS] + encode(concatenation of the message contents)`` -- a format with no
   template, for base models such as stories260K.
-- ``template``: the tokenizer's own Jinja chat template, rendered with the generation prompt
-  and encoded with special tokens allowed.
+- ``hf-template``: the tokenizer's own Jinja chat template, rendered with the generation prompt
+  and encoded with special tokens allowed (``template`` is accepted as an older name for it).
+
+``kimi-eagle generate PROMPTS.jsonl -o ENGINE.jsonl --model DIR`` (or ``python -m kimi_eagle.engine.local``)
+samples every prompt line and writes one engine record per line.
 
 The completion text an engine returns is the bytes of the sampled tokens decoded *in context*
 (``completion_text``): a first token ``▁Once`` gives ``" Once"``, leading space kept, as real
@@ -30,9 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..io import atomic_path, read_jsonl
 from ..tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
 
-CHAT_FORMATS = ("plain", "template")
+CHAT_FORMATS = ("plain", "hf-template")
+CHAT_FORMAT_ALIASES = {"template": "hf-template"}  # older names still accepted on input
+STOP_TOKEN_TEXTS = ("</s>", "<|endoftext|>", "<|im_end|>")  # stop tokens when the config names no eos
 
 
 class EngineError(ValueError):
@@ -115,6 +121,11 @@ def engine_record(record_id: str, gen: Generation, model: str | None = None, cha
     return rec
 
 
+def chat_format_name(name: str) -> str:
+    """The chat format's name in the ``plain``/``hf-template`` vocabulary (``template`` -> ``hf-template``)."""
+    return CHAT_FORMAT_ALIASES.get(name, name)
+
+
 def default_model_name(model_dir: str | Path) -> str:
     """``.../stories260K/hf`` -> ``stories260K``; otherwise the directory name."""
     p = Path(model_dir).resolve()
@@ -136,10 +147,10 @@ class Engine:
         self.bos_id = bos_id
         self.context_length = context_length
         template = getattr(tok, "chat_template", None)
-        self.chat_format = chat_format or ("template" if template else "plain")
+        self.chat_format = chat_format_name(chat_format) if chat_format else "hf-template" if template else "plain"
         if self.chat_format not in CHAT_FORMATS:
             raise EngineError(f"unknown chat format {self.chat_format!r}; expected one of {CHAT_FORMATS}")
-        if self.chat_format == "template" and not template:
+        if self.chat_format == "hf-template" and not template:
             raise EngineError(f"{name}: the tokenizer has no chat template; use the plain format")
         self._lock = threading.Lock()
         params = inspect.signature(model.forward).parameters
@@ -169,7 +180,7 @@ class Engine:
         eos = config.eos_token_id
         eos_ids = list(stop_ids) if stop_ids else [eos] if isinstance(eos, int) else list(eos or [])
         if not eos_ids and isinstance(tok, HFTokenizer):
-            eos_ids = [s.id for s in tok.special_tokens if s.text in ("</s>", "<|endoftext|>", "<|im_end|>")]
+            eos_ids = [i for i, text in tok.special_text_by_id.items() if text in STOP_TOKEN_TEXTS]
         context = getattr(config, "max_position_embeddings", None)
         return cls(model, tok, name or default_model_name(model_dir), chat_format, eos_ids,
                    config.bos_token_id, context)
@@ -184,12 +195,11 @@ class Engine:
             return plain_prompt_ids(self.tok, messages, self.bos_id)
         import jinja2
 
-        specials = {s.text for s in self.tok.special_tokens}
         config = getattr(self.tok, "config", {})
         text = jinja2.Environment().from_string(self.tok.chat_template).render(
             messages=messages, add_generation_prompt=True,
             bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")))
-        return self.tok.encode(text, allow_special=specials)
+        return self.tok.encode(text, allow_special=True)  # the template's special spellings become their IDs
 
     def text_prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A ``/v1/completions`` prompt: a string (BOS prepended) or a list of token IDs as given."""
@@ -258,7 +268,7 @@ def _token_text(value: Any) -> str:
     return value or ""
 
 
-# ---- command line: python -m kimi_eagle.engine.local PROMPTS.jsonl -o ENGINE.jsonl --model DIR
+# ---- command line: kimi-eagle generate PROMPTS.jsonl -o ENGINE.jsonl --model DIR
 
 
 def generate_records(engine: Engine, prompts: Iterable[dict], sampling: SamplingParams) -> Iterable[dict]:
@@ -276,29 +286,35 @@ def generate_records(engine: Engine, prompts: Iterable[dict], sampling: Sampling
             yield {"id": rid, "error": str(e)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..io import read_jsonl
-
-    p = argparse.ArgumentParser(prog="python -m kimi_eagle.engine.local", description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompts", help="JSONL of {id, messages} or {id, prompt}")
     p.add_argument("-o", "--output", required=True, help="engine-record JSONL to write")
     p.add_argument("--model", required=True, help="HF model directory")
-    p.add_argument("--chat-format", choices=CHAT_FORMATS)
+    p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
+                   help="default: hf-template if the tokenizer has a chat template, else plain")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, help="seed of the first prompt; prompt i uses seed + i")
     p.add_argument("--max-tokens", type=int)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sample every prompt line of ``args.prompts``; write one engine record per line to ``args.output`` atomically."""
     engine = Engine.from_dir(args.model, args.chat_format)
     prompts = [line.obj if line.error is None else None for line in read_jsonl(args.prompts)]
     sampling = SamplingParams(args.temperature, args.top_p, args.seed, args.max_tokens)
-    tmp = Path(args.output + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for rec in generate_records(engine, prompts, sampling):
-            f.write(json.dumps(rec) + "\n")
-    tmp.replace(args.output)
+            f.write(json.dumps(rec) + "\n")  # ASCII escapes: an id with a lone surrogate cannot stop the run
     print(f"wrote {len(prompts)} engine records to {args.output}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kimi_eagle.engine.local``: the same command as ``kimi-eagle generate``."""
+    p = argparse.ArgumentParser(prog="python -m kimi_eagle.engine.local", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ collect`` sends its record id there) or else the response id; ``response_id`` is
 response's ``id``, so a record pairs with exactly one stored response even after retries.
 
 The chat format (``plain`` for models without a template, such as stories260K: BOS + the
-concatenated message contents) is stated at start-up, in ``GET /v1/models`` and in the
-``X-Chat-Format`` response header. Faults (kimi_eagle.engine.faults) are off unless flags set them;
-``--admin`` adds ``GET/POST /admin/faults`` and ``GET /admin/stats``; ``--api-key-env NAME`` makes
-the server require ``Authorization: Bearer $NAME`` (401 otherwise), like a real API.
+concatenated message contents; ``hf-template``: the tokenizer's own chat template) is stated at
+start-up, in ``GET /v1/models`` and in the ``X-Chat-Format`` response header. Faults
+(kimi_eagle.engine.faults) are off unless flags set them; ``--admin`` adds ``GET/POST /admin/faults``
+and ``GET /admin/stats``; ``--api-key-env NAME`` makes the server require
+``Authorization: Bearer $NAME`` (401 otherwise), like a real API.
 """
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from .local import CHAT_FORMATS, Engine, EngineError, Generation, SamplingParams, engine_record
 from .faults import Fault, FaultConfig, FaultInjector
+from .local import CHAT_FORMAT_ALIASES, CHAT_FORMATS, Engine, EngineError, Generation, SamplingParams, engine_record
+from ..io import JsonlAppender, read_jsonl, write_json
 
 DEFAULT_PROVIDER = "kimi-eagle-local"
 
@@ -44,25 +45,6 @@ class RequestError(Exception):
 
 def _error_body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"code": status, "message": message}}
-
-
-class RecordLog:
-    """Appends engine records as JSONL, one ``write`` per complete line, flushed at once."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
-        self._lock = threading.Lock()
-
-    def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams:
@@ -110,7 +92,7 @@ class App:
         from starlette.routing import Route
 
         self.engine = engine
-        self.log = RecordLog(records)
+        self.log = JsonlAppender(records)  # engine records, one complete flushed line each
         self.faults = FaultInjector(faults)
         self.provider = provider
         self._api_key = api_key
@@ -267,8 +249,6 @@ def delivered_engine_records(engine_log: str | Path, responses: str | Path) -> l
     sampled after the client had timed out, or stored by a collector that was then killed); the
     one that belongs to a stored response is the one whose ``response_id`` is that response's ``id``.
     """
-    from ..io import read_jsonl
-
     by_response = {line.obj.get("response_id"): line.obj for line in read_jsonl(engine_log) if isinstance(line.obj, dict)}
     out = []
     for line in read_jsonl(responses):
@@ -289,7 +269,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --ready-file)")
     p.add_argument("--records", default="runs/serve/engine_records.jsonl", help="engine-record JSONL to append to")
     p.add_argument("--served-model-name", help="model ID clients must send (default: from the directory name)")
-    p.add_argument("--chat-format", choices=CHAT_FORMATS, help="default: the tokenizer's template if it has one, else plain")
+    p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
+                   help="default: hf-template (the tokenizer's own chat template) if it has one, else plain")
     p.add_argument("--provider-name", default=DEFAULT_PROVIDER, help="the `provider` field of responses")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")
@@ -340,9 +321,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"kimi-eagle serve: faults {faults.to_dict() if faults.enabled else 'off'}; listening on {base_url}",
           file=sys.stderr, flush=True)
     if args.ready_file:
-        tmp = Path(args.ready_file + ".tmp")
-        tmp.write_text(json.dumps({"base_url": base_url, "port": port, "pid": os.getpid()}))
-        tmp.replace(args.ready_file)
+        write_json(args.ready_file, {"base_url": base_url, "port": port, "pid": os.getpid()}, indent=None)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..io import atomic_path
 from ..assets import data_path
+from ..io import atomic_path
 
 SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai")
 MODEL = "moonshotai/kimi-k2.5"
@@ -259,8 +259,6 @@ def _convert(source_name: str, in_path: str | os.PathLike | None) -> Iterator[tu
 def convert_file(source_name: str, in_path: str | os.PathLike | None, out_path: str | os.PathLike,
                  limit: int | None = None) -> int:
     """Write ``convert`` to JSONL atomically; ``limit`` keeps the first N conversations. Returns records written."""
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for index, record in _convert(source_name, in_path):

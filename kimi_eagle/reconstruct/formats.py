@@ -386,7 +386,7 @@ class HFTemplateFormat:
         if not stop:
             raise ValueError(f"{tok.name} has no eos_token to stop on")
         context = {k: _special_or_none(tok, k) for k in ("bos_token", "eos_token") if config.get(k)}
-        return cls(template, [s.text for s in tok.special_tokens], stop, context=context)
+        return cls(template, list(tok.special_id_by_text), stop, context=context)
 
     def _mark(self, value: Any) -> Any:
         if isinstance(value, str):

@@ -3,18 +3,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .tokenizer import Tokenizer  # noqa: E402
+from ..io import atomic_path
+from .tokenizer import Tokenizer
 
 
 def token_length_histogram(tok: Tokenizer, path: str | Path) -> Path:
-    special_ids = {s.id for s in tok.special_tokens}
-    lengths = [len(tok.token_bytes(i)) for i in range(tok.n_vocab) if i not in special_ids]
-    partial = sum(1 for i in range(tok.n_vocab) if i not in special_ids and not _is_utf8(tok.token_bytes(i)))
+    """Histogram of the byte length of every ordinary token (and how many are partial UTF-8), as a PNG at ``path``."""
+    special_ids = tok.special_ids
+    ordinary = [raw for i, raw in enumerate(tok.token_table) if i not in special_ids]
+    lengths = [len(raw) for raw in ordinary]
+    partial = sum(1 for raw in ordinary if not _is_utf8(raw))
     fig, ax = plt.subplots(figsize=(8, 4))
     bins = range(1, min(max(lengths), 40) + 2)
     counts, edges, bars = ax.hist([min(n, 40) for n in lengths], bins=bins, color="#1976d2", edgecolor="white")
@@ -23,12 +24,11 @@ def token_length_histogram(tok: Tokenizer, path: str | Path) -> Path:
     ax.set(title=f"{tok.name}: token length in bytes ({len(lengths):,} ordinary tokens, {partial:,} partial UTF-8)",
            xlabel="bytes per token (40 = 40 or more)", ylabel="tokens")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _write_png(fig, path)
 
 
 def special_id_map(tok: Tokenizer, path: str | Path) -> Path:
+    """Where the special tokens sit in the ID space (named ones labelled, HF ``special`` flag coloured), as a PNG."""
     named = [s for s in tok.special_tokens if not s.text.startswith("<|reserved_token_")]
     reserved = [s for s in tok.special_tokens if s.text.startswith("<|reserved_token_")]
     lo = min(s.id for s in tok.special_tokens) - 8 if tok.special_tokens else 0
@@ -45,7 +45,13 @@ def special_id_map(tok: Tokenizer, path: str | Path) -> Path:
     ax.set(title=f"{tok.name}: special tokens in the ID space", xlabel="token id", ylabel="named special (index)", xlim=(lo, hi + (hi - lo) * 0.25))
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return _write_png(fig, path)
+
+
+def _write_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG (atomically) and close it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
     return Path(path)
 

@@ -24,7 +24,10 @@ def visible(text: str) -> str:
     return "".join(_VISIBLE_WS.get(c, c) for c in text)
 
 
-def chip(tok: Tokenizer, token_id: int, index: int, extra_class: str = "", special_ids: frozenset[int] = frozenset()) -> str:
+def chip(tok: Tokenizer, token_id: int, index: int, extra_class: str = "",
+         special_ids: frozenset[int] | None = None) -> str:
+    """One token as a chip; special tokens (``special_ids``, default the tokenizer's) are styled as such."""
+    special_ids = tok.special_ids if special_ids is None else special_ids
     b = tok.token_bytes(token_id)
     try:
         text, partial = b.decode("utf-8"), False
@@ -47,10 +50,6 @@ def chip(tok: Tokenizer, token_id: int, index: int, extra_class: str = "", speci
 def chips_html(tok: Tokenizer, ids: Sequence[int], highlight: Iterable[int] = (), current: Iterable[int] = (),
                css: bool = True) -> str:
     """HTML for ``ids``; token indexes in ``highlight`` are marked as hunks, ``current`` as the focused hunk."""
-    special_ids = frozenset(s.id for s in tok.special_tokens)
     hl, cur = set(highlight), set(current)
-    parts = [
-        chip(tok, t, i, "ke-current" if i in cur else ("ke-hunk" if i in hl else ""), special_ids)
-        for i, t in enumerate(ids)
-    ]
+    parts = [chip(tok, t, i, "ke-current" if i in cur else ("ke-hunk" if i in hl else "")) for i, t in enumerate(ids)]
     return (CHIP_CSS if css else "") + '<div class="ke-chips">' + "".join(parts) + "</div>"

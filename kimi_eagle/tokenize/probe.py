@@ -12,9 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..records import RecordError, parse_engine_record
-
 from ..io import read_jsonl
+from ..records import RecordError, parse_engine_record
 from .tokenizer import Tokenizer, load_tokenizer
 
 MARKER_HINTS = ("<|", "|>", "im_end", "im_start", "</think", "<think")
@@ -63,8 +62,7 @@ class ProbeReport:
 
 def describe(tok: Tokenizer, token_id: int) -> TokenInfo:
     b = tok.token_bytes(token_id)
-    special_ids = {s.id for s in tok.special_tokens}
-    return TokenInfo(token_id, b.decode("utf-8", errors="replace"), b.hex(), token_id in special_ids)
+    return TokenInfo(token_id, b.decode("utf-8", errors="replace"), b.hex(), token_id in tok.special_ids)
 
 
 def probe_specials(tok: Tokenizer) -> list[SpecialReport]:
@@ -76,7 +74,7 @@ def probe_specials(tok: Tokenizer) -> list[SpecialReport]:
 
 def marker_like_tokens(tok: Tokenizer, limit: int = 200) -> list[TokenInfo]:
     """Ordinary tokens whose bytes look like a piece of a special marker (``<|``, ``|>``, ``im_end`` ...)."""
-    special_ids = {s.id for s in tok.special_tokens}
+    special_ids = tok.special_ids
     found = []
     for i in range(tok.n_vocab):
         if i in special_ids:
@@ -95,7 +93,7 @@ def marker_like_tokens(tok: Tokenizer, limit: int = 200) -> list[TokenInfo]:
 def engine_stats(tok: Tokenizer, path: str | Path, top: int = 20) -> EngineStats:
     last: Counter[int] = Counter()
     specials: Counter[int] = Counter()
-    special_ids = {s.id for s in tok.special_tokens}
+    special_ids = tok.special_ids
     n, errors = 0, []
     for line in read_jsonl(path):
         n += 1

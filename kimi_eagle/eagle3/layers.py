@@ -1,0 +1,73 @@
+"""Which target layers feed the drafter, and how each engine numbers them.
+
+The kit's convention (stored in hidden-state manifests and drafter configs) is the **0-based
+block-output index**: id ``i`` is the output of decoder block ``i`` (the residual stream after block
+``i``; HF ``output_hidden_states[i + 1]``). Engines count differently: :func:`engine_layer_ids`
+converts to an engine's ``eagle_aux_hidden_state_layer_ids`` and :func:`layer_ids_from_engine` reads
+a foreign export's ids back (see docs/eagle3.md for the table).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+CONVENTION = "0-based block-output index (HF hidden_states[i + 1])"
+ENGINES = ("sglang", "vllm")
+
+
+def default_layer_ids(n_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low/mid/high layers as 0-based block outputs.
+
+    ``(1, L//2 - 1, L - 4)`` when strictly increasing (Kimi's 61 layers -> 1, 29, 57); otherwise an
+    evenly spread distinct triple over blocks 1..L-2 (1..L-1, then 0..L-1 for very small models).
+    Block 0 is avoided when possible because SGLang cannot express it (see :func:`engine_layer_ids`).
+    """
+    lo, mid, hi = 1, n_layers // 2 - 1, n_layers - 4
+    if lo < mid < hi:
+        return lo, mid, hi
+    for first, last in ((1, n_layers - 2), (1, n_layers - 1), (0, n_layers - 1)):
+        if last - first >= 2:
+            span = last - first
+            ids = (first, first + int(span / 2 + 0.5), last)
+            if ids[0] < ids[1] < ids[2]:
+                return ids
+    raise ValueError(f"a target with {n_layers} layers has no 3 distinct block outputs")
+
+
+def check_layer_ids(layer_ids: Sequence[int], n_layers: int) -> tuple[int, int, int]:
+    """``layer_ids`` as a tuple of 3 distinct block indices of an ``n_layers`` target; ValueError otherwise."""
+    ids = tuple(int(i) for i in layer_ids)
+    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= i < n_layers for i in ids):
+        raise ValueError(f"layer ids must be 3 distinct block indices in [0, {n_layers - 1}], got {list(layer_ids)}")
+    return ids  # type: ignore[return-value]
+
+
+def engine_layer_ids(layer_ids: Sequence[int], engine: str) -> list[int]:
+    """``eagle_aux_hidden_state_layer_ids`` for an engine, from 0-based block-output indices.
+
+    * ``vllm`` (and speculators): an id ``j`` captures the residual stream *before* block ``j``,
+      i.e. the output of block ``j - 1``: write ``i + 1``.
+    * ``sglang``: captures before block ``j`` too, but adds 1 to the configured ids only when the
+      first id is 1 (it then reads them as block outputs); otherwise it uses them as they are. So ids
+      starting at 1 are written unchanged and others as ``i + 1``; block 0 cannot be expressed.
+    """
+    ids = [int(i) for i in layer_ids]
+    if engine == "vllm":
+        return [i + 1 for i in ids]
+    if engine == "sglang":
+        if ids[0] == 1:
+            return ids
+        if ids[0] == 0:
+            raise ValueError("SGLang cannot express block output 0 (written as 1 it is read as block output 1)")
+        return [i + 1 for i in ids]
+    raise ValueError(f"unknown engine {engine!r} (sglang or vllm)")
+
+
+def layer_ids_from_engine(engine_ids: Sequence[int]) -> list[int]:
+    """0-based block-output indices of a foreign export's ``eagle_aux_hidden_state_layer_ids``.
+
+    A foreign checkpoint does not say which engine it was written for; it is read in the vLLM /
+    speculators "capture before block ``j``" convention, so id ``j`` is block output ``j - 1``
+    (the inverse of ``engine_layer_ids(ids, "vllm")``). The kit's own exports carry their block-output
+    ids and never need this.
+    """
+    return [int(j) - 1 for j in engine_ids]
