@@ -77,6 +77,18 @@ def write_lines(path: str | os.PathLike, lines: Iterable[bytes], fsync: bool = F
     return Path(path)
 
 
+def write_figure(fig: Any, path: str | os.PathLike, dpi: int = 110, **savefig_kwargs: Any) -> Path:
+    """Save a matplotlib figure atomically, in the format named by ``path``'s suffix (default PNG).
+
+    The figure is left open: the caller decides whether to show it (notebooks) or close it.
+    """
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=dpi, **savefig_kwargs)
+    return path
+
+
 class JsonlAppender:
     """Appends one complete JSON line per ``append``, flushed at once; safe to share between threads.
 

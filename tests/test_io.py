@@ -90,3 +90,16 @@ def test_write_json_and_write_lines_are_atomic_and_create_parents(tmp_path):
     write_lines(tmp_path / "raw.jsonl", [b"1\n", b"2\n"], fsync=True)
     assert (tmp_path / "raw.jsonl").read_bytes() == b"1\n2\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "raw.jsonl"]
+
+
+def test_write_figure_saves_in_the_format_of_the_suffix_and_leaves_no_temporary(tmp_path):
+    from matplotlib.figure import Figure
+
+    from kimi_eagle.io import write_figure
+
+    fig = Figure()
+    fig.subplots().plot([0, 1], [1, 0])
+    png = write_figure(fig, tmp_path / "c.png")
+    svg = write_figure(fig, tmp_path / "c.svg")
+    assert png.read_bytes().startswith(b"\x89PNG") and b"<svg" in svg.read_bytes()[:400]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.png", "c.svg"]
