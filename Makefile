@@ -6,10 +6,11 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: install demo test test-browser bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-interop.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,interop]'
+	$(PY) -m pip install -q --no-deps -r requirements-interop.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kimi-eagle)"
 	touch $(STAMP)
 
@@ -18,15 +19,16 @@ install: $(STAMP)
 demo: install
 	$(PY) -m kimi_eagle.batch.demo --out runs/demo
 
+# the real-browser test (tests/test_browser.py) runs whenever /usr/bin/chromium exists and skips itself otherwise
 test: install
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 -m "not browser" tests
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 tests
 
 test-browser: install
 	$(PY) -m pytest --timeout 600 -m browser tests
 
 # the timing benchmarks; the end-to-end measurement (bench/e2e_stories.py, ~30 min) is run on its own
 bench: install
-	for b in encode reconstruct diff collect extract train_step; do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
+	for b in encode reconstruct diff collect extract train_step export_data; do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf runs .pytest_cache

@@ -10,28 +10,105 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("kimi_eagle.tokenize.probe", "probe a tokenizer's special tokens and stop tokens"),
     "convert": ("kimi_eagle.reconstruct.convert", "convert a real dataset to API records"),
     "reconstruct": ("kimi_eagle.reconstruct.job", "reconstruct token IDs from API records"),
+    "parse-completion": ("kimi_eagle.reconstruct.parse", "parse raw Kimi completion IDs or text into the API message"),
     "simulate": ("kimi_eagle.diff.simulate", "make labelled engine/API pairs with injected effects"),
     "diff": ("kimi_eagle.diff.run", "diff engine token IDs against reconstructions by bytes"),
     "report": ("kimi_eagle.diff.report", "charts and an HTML report from a diff"),
+    "billing": ("kimi_eagle.diff.billing_report", "billing-only validation (no engine): provider counts vs reconstruction"),
     "generate": ("kimi_eagle.engine.local", "sample completions from a local HF model into engine records"),
     "serve": ("kimi_eagle.engine.server", "an OpenRouter-compatible server over a local HF model"),
     "collect": ("kimi_eagle.engine.collect", "collect chat completions from an OpenAI/OpenRouter API"),
-    "extract": ("kimi_eagle.eagle3.hidden", "extract target hidden states for EAGLE-3 training"),
+    "audit": ("kimi_eagle.audit.run", "audit API providers: greedy completions compared across providers and an engine"),
+    "extract": ("kimi_eagle.eagle3.interop.layouts", "extract target hidden states for EAGLE-3 training"),
     "train": ("kimi_eagle.eagle3.train", "train an EAGLE-3 drafter"),
     "export": ("kimi_eagle.eagle3.export", "export a drafter for SGLang or vLLM"),
+    "export-data": ("kimi_eagle.eagle3.interop.export_data", "export exact-ID training rows for SpecForge or speculators"),
     "evaluate": ("kimi_eagle.eagle3.evaluate", "measure acceptance length with speculative decoding"),
     "batch": ("kimi_eagle.batch.run", "run a notebook over a grid of parameters with papermill"),
 }
 
 
+# subcommand -> one example command line, shown at the end of ``kimi-eagle COMMAND --help``
+EXAMPLES: dict[str, str] = {
+    "probe": "kimi-eagle probe --check-ids 163533,163586 --engine-outputs runs/e2e/engine.jsonl",
+    "convert": "kimi-eagle convert --from openai my_openrouter_log.jsonl -o runs/mine/api.jsonl",
+    "reconstruct": "kimi-eagle reconstruct runs/mine/api.jsonl -o runs/mine/recon.parquet --workers 2",
+    "parse-completion": "kimi-eagle parse-completion --text '<think>hm</think>Hello<|im_end|>'",
+    "simulate": "kimi-eagle simulate -o runs/sim --per-effect 10 --run",
+    "diff": "kimi-eagle diff --engine runs/mine/engine.jsonl --reconstructed runs/mine/recon.parquet -o runs/mine/diff",
+    "report": "kimi-eagle report runs/mine/diff -o runs/mine/report",
+    "billing": "kimi-eagle billing --reconstructed runs/mine/recon.parquet -o runs/mine/billing",
+    "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model ../shared/assets/stories260K",
+    "serve": "kimi-eagle serve --model ../shared/assets/stories260K --port 8000",
+    "collect": "kimi-eagle collect prompts.jsonl -o runs/mine/api.jsonl --base-url https://openrouter.ai/api/v1 "
+               "--model moonshotai/kimi-k2.5",
+    "audit": "kimi-eagle audit prompts.jsonl -o runs/audit --base-url http://127.0.0.1:8000/v1 --model stories260K "
+             "--providers fp32,bf16,int8 --reference runs/gen/engine.jsonl --tokenizer ../shared/assets/stories260K "
+             "--format plain",
+    "extract": "kimi-eagle extract --target ../shared/assets/stories260K --data runs/mine/recon.parquet -o runs/hidden",
+    "train": "kimi-eagle train --data runs/hidden --target ../shared/assets/stories260K -o runs/train --steps 200",
+    "export": "kimi-eagle export runs/train/drafter --engine sglang -o runs/export",
+    "export-data": "kimi-eagle export-data runs/mine/recon.parquet --to specforge -o runs/specforge "
+                   "--target ../shared/assets/stories260K",
+    "evaluate": "kimi-eagle evaluate --target ../shared/assets/stories260K --draft runs/train/drafter "
+                "--prompts prompts.jsonl",
+    "batch": "kimi-eagle batch --grid notebooks/grids/diff_datasets.yaml -o runs/batch/diff_datasets --workers 2",
+}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples kept as written; every option's default shown (unless its help already says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (_no_default(default) or "%(default)" in text or "default" in text
+                or not action.option_strings or isinstance(action, argparse._VersionAction)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+def _no_default(value: object) -> bool:
+    """``None``, ``False`` (a store_true flag) and SUPPRESS are not worth showing; ``0`` is."""
+    return value is None or value is False or value == argparse.SUPPRESS
+
+
+def version() -> str:
+    """The installed package's version (``kimi-eagle --version``)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("kimi-eagle")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _description(module) -> str:
+    """The module docstring's first paragraph, without reST markup."""
+    doc = (module.__doc__ or "").strip().split("\n\n")[0]
+    return doc.replace("``", "`")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-eagle", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kimi-eagle", description=__doc__, formatter_class=HelpFormatter,
+        epilog="Run `kimi-eagle COMMAND --help` for a command's options, defaults and an example.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        if name == wanted:  # import only the module of the command being run
-            importlib.import_module(module).add_arguments(p)
+    for name, (module_name, help_text) in COMMANDS.items():
+        if name != wanted:
+            sub.add_parser(name, help=help_text)
+            continue
+        module = importlib.import_module(module_name)  # import only the module of the command being run
+        example = EXAMPLES.get(name)
+        p = sub.add_parser(name, help=help_text, description=_description(module) or help_text,
+                           formatter_class=HelpFormatter, epilog=f"example:\n  {example}" if example else None)
+        module.add_arguments(p)
+        for action in p._actions:  # options without help still show their default
+            if action.help is None and action.option_strings and not _no_default(action.default):
+                action.help = "default: %(default)s"
     return parser
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 
 @contextmanager
@@ -131,22 +132,189 @@ class JsonlAppender:
         self.close()
 
 
+MAX_DEPTH = 100  # containers nested deeper than this make a record an error (the kit's code recurses over them)
+UTF8_BOM = b"\xef\xbb\xbf"
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32-LE"), (b"\x00\x00\xfe\xff", "UTF-32-BE"),
+         (b"\xff\xfe", "UTF-16-LE"), (b"\xfe\xff", "UTF-16-BE"))
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+class EncodingRefused(ValueError):
+    """A whole file is not UTF-8 (UTF-16/UTF-32, with or without a byte-order mark): it is refused, not guessed."""
+
+
 @dataclass(frozen=True)
 class Line:
-    """One JSONL line: its 1-based number and either the parsed object or the parse error."""
+    """One record of a JSONL file: its 1-based physical line number and the parsed object or the error.
+
+    ``error`` set means the record is not usable: ``obj`` is then ``None`` and ``partial`` holds whatever
+    could be read (one of several values on one line, a record nested too deeply, a line read with
+    invalid UTF-8 replaced), for its id in an error row only — never to be used as data.
+    A line holding several JSON values yields one ``Line`` per value, all with the same ``lineno``.
+    """
 
     lineno: int
     obj: Any
     error: str | None
+    partial: Any = None
+
+
+def encoding_problem(head: bytes) -> str | None:
+    """Why a file starting with ``head`` is not UTF-8 JSONL (a UTF-16/32 byte-order mark or layout), or None."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return (f"the file is {name} (byte-order mark {bom.hex(' ')}); JSONL must be UTF-8 — "
+                    f"convert it, e.g. iconv -f {name} -t UTF-8")
+    sample = head[:256]
+    if len(sample) >= 4 and sample.count(0) * 4 >= len(sample):  # UTF-8 JSON never holds NUL bytes
+        return ("the file is not UTF-8: a quarter or more of its first bytes are NUL, the layout of UTF-16/UTF-32 "
+                "without a byte-order mark; JSONL must be UTF-8")
+    return None
+
+
+def iter_raw_lines(f: BinaryIO, offset: int = 0, chunk_size: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+    """``(byte offset, line)`` for every physical line of a binary stream read from ``offset``.
+
+    Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (universal newlines); the terminator is not part of
+    the line. Blank lines are yielded too, so callers can count physical lines.
+    """
+    buf = b""
+    eof = False
+    while not eof:
+        chunk = f.read(chunk_size)
+        eof = not chunk
+        buf += chunk
+        if b"\r" not in buf:  # the common case: LF only, split in C
+            *complete, buf = buf.split(b"\n")
+            for line in complete:
+                yield offset, line
+                offset += len(line) + 1
+            continue
+        limit = len(buf) - 1 if not eof and buf.endswith(b"\r") else len(buf)  # a CR at the end may begin a CRLF
+        start = 0
+        for m in _EOL.finditer(buf, 0, limit):
+            yield offset + start, buf[start:m.start()]
+            start = m.end()
+        offset += start
+        buf = buf[start:]
+    if buf:
+        yield offset, buf
+
+
+def json_depth(obj: Any, limit: int = MAX_DEPTH) -> int:
+    """How deeply containers nest in ``obj`` (a scalar is 0, ``[]`` is 1), counted without recursion.
+
+    Stops as soon as the depth exceeds ``limit`` (the value returned is then ``limit + 1``).
+    """
+    deepest = 0
+    stack = [(obj, 1)] if isinstance(obj, (dict, list)) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def depth_error(text: str | bytes, obj: Any) -> str | None:
+    """Why ``obj`` (parsed from ``text``) is nested too deeply, or None; the walk runs only when
+    ``text`` holds enough brackets to reach ``MAX_DEPTH`` (a cheap bound on the depth)."""
+    if text.count("{" if isinstance(text, str) else b"{") + text.count("[" if isinstance(text, str) else b"[") <= MAX_DEPTH:
+        return None
+    if json_depth(obj) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
+    return None
+
+
+def loads_checked(text: str) -> Any:
+    """``json.loads`` that raises ``ValueError`` with a readable reason for anything it cannot take:
+    bad JSON, numbers beyond Python's digit limit, nesting deeper than ``MAX_DEPTH``."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise ValueError(f"not JSON ({e})") from None
+    problem = depth_error(text, obj)
+    if problem:
+        raise ValueError(problem)
+    return obj
+
+
+def _values(text: str) -> list[Any] | None:
+    """The JSON values of a line holding several one after another, or None if it is not that."""
+    decoder = json.JSONDecoder()
+    values, i, n = [], 0, len(text)
+    try:
+        while i < n:
+            value, i = decoder.raw_decode(text, i)
+            values.append(value)
+            while i < n and text[i] in " \t":
+                i += 1
+    except (ValueError, RecursionError):
+        return None
+    return values if len(values) > 1 else None
+
+
+def parse_line(raw: bytes, lineno: int) -> list[Line]:
+    """Parse one physical line into one ``Line`` (or one per value when the line holds several values).
+
+    Never raises for bad input: invalid UTF-8 (with the byte offset), bad JSON, numbers Python cannot
+    read, nesting deeper than ``MAX_DEPTH`` and several values on one line all become error lines.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        obj = None
+        try:  # keep what the rest of the line says (its id), for the error row
+            obj = loads_checked(raw.decode("utf-8", "replace"))
+        except ValueError:
+            pass
+        bad = raw[e.start:e.end].hex(" ")
+        return [Line(lineno, None, f"line {lineno}: invalid UTF-8 at byte {e.start} ({bad}: {e.reason}); "
+                                  f"not UTF-8 text (CESU-8, Latin-1, a torn write?)", obj)]
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        return [Line(lineno, None, f"line {lineno}: nested more than {MAX_DEPTH} levels deep")]
+    except json.JSONDecodeError as e:
+        values = _values(text) if e.msg == "Extra data" else None
+        if values is None:
+            return [Line(lineno, None, f"line {lineno}: not JSON ({e})")]
+        n = len(values)
+        return [Line(lineno, None, f"line {lineno}: {n} JSON values on one line (value {k} of {n}); one record per line",
+                     v if json_depth(v) <= MAX_DEPTH else None)
+                for k, v in enumerate(values, 1)]
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        return [Line(lineno, None, f"line {lineno}: not JSON ({e})")]
+    problem = depth_error(text, obj)
+    return [Line(lineno, None, f"line {lineno}: {problem}", obj) if problem else Line(lineno, obj, None)]
+
+
+def check_encoding(path: str | os.PathLike) -> None:
+    """Raise :class:`EncodingRefused` if ``path`` is not UTF-8 (a UTF-16/32 byte-order mark or layout)."""
+    with open(path, "rb") as f:
+        problem = encoding_problem(f.read(4096))
+    if problem:
+        raise EncodingRefused(f"{path}: {problem}")
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[Line]:
-    """Yield every non-blank line of a JSONL file, parsed or with its error (never skipped)."""
+    """Yield every record of a JSONL file, parsed or with its error (never skipped, never raises for a bad line).
+
+    Universal newlines (LF, CRLF, CR); blank lines are skipped but counted; a UTF-8 byte-order mark
+    is ignored. A file that is not UTF-8 at all (UTF-16/32) raises :class:`EncodingRefused` before
+    the first line. See :func:`parse_line` for what becomes an error line.
+    """
+    check_encoding(path)
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                yield Line(lineno, json.loads(raw), None)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                yield Line(lineno, None, f"line {lineno}: not JSON ({e})")
+        for lineno, (_, raw) in enumerate(iter_raw_lines(f), 1):
+            if lineno == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
+            if raw.strip():
+                yield from parse_line(raw, lineno)

@@ -2,12 +2,22 @@
 
 Engine record: ``{"id", "output_ids": [...], "prompt_ids"?: [...]}``. SGLang ``/generate``
 output (``output_ids`` + ``meta_info``) and vLLM ``return_token_ids`` output
-(``choices[0].token_ids``, ``prompt_token_ids``) are accepted as they are.
+(``choices[0].token_ids``, ``prompt_token_ids``) are accepted as they are. Every field the kit
+keeps is checked here: a wrong shape or an out-of-range number is a :class:`RecordError` naming
+the field, never an exception from deeper down.
 """
 from __future__ import annotations
 
+import argparse
+import re
+import sys
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
+
+INT64_MAX = 2**63 - 1
+TOKEN_ID_LIMIT = 2**31  # token IDs are stored as int32
+RESERVED_ID = re.compile(r"<(?:engine )?line \d+(?: value \d+)?>\Z")  # synthetic ids of unreadable lines (reconstruct, diff)
 
 
 class RecordError(ValueError):
@@ -22,34 +32,154 @@ class EngineRecord:
     finish_reason: str | None = None
 
 
+def kind(value: Any) -> str:
+    """A JSON value's kind in words (``a list``, ``an integer`` ...), for error messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def storable_text(text: str) -> bool:
+    """True when ``text`` can be written as UTF-8 (no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable_id(value: Any) -> str:
+    """An id as text that can always be stored (lone surrogates escaped as ``\\udXXX``)."""
+    text = value if isinstance(value, str) else str(value)
+    return text if storable_text(text) else text.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+
+
+def synthetic_id(lineno: int, value: int | None = None) -> str:
+    """The id of a record whose own id cannot be read: ``<line N>`` (``<line N value K>`` for the K-th of
+    several values on one line). Real ids of this form are refused, so the two never collide."""
+    return f"<line {lineno}>" if value is None else f"<line {lineno} value {value}>"
+
+
+def check_id(value: Any, what: str = "id") -> str:
+    """A record id: a non-empty string (integers are accepted as their decimal text), storable, not reserved."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"{what} is {kind(value) if value != '' else 'an empty string'}, not a non-empty string")
+    if not storable_text(value):
+        raise RecordError(f"{what} {printable_id(value)!r} is not valid Unicode (lone surrogate)")
+    if RESERVED_ID.match(value):
+        raise RecordError(f"{what} {value!r} has the form reserved for unreadable lines")
+    return value
+
+
+def count_field(value: Any) -> int | None:
+    """A token count: a non-negative integer that fits int64, else None (absent or unusable)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX:
+        return value
+    return None
+
+
 def _int_list(value: Any, field: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise RecordError(f"{field} must be a list of integers")
+    if value and (min(value) < 0 or max(value) >= TOKEN_ID_LIMIT):
+        bad = next(k for k, i in enumerate(value) if not 0 <= i < TOKEN_ID_LIMIT)
+        shown = str(value[bad]) if abs(value[bad]) < 10**30 else f"an integer of {len(str(abs(value[bad])))} digits"
+        raise RecordError(f"{field}[{bad}] is {shown}, not a token ID (0 <= id < 2**31)")
+    return value
+
+
+def _finish(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not storable_text(value):
+        raise RecordError(f"{field} is {kind(value)}, not a string" if not isinstance(value, str)
+                          else f"{field} is not valid Unicode (lone surrogate)")
     return value
 
 
 def parse_engine_record(obj: Any) -> EngineRecord:
-    """Normalise one engine record (native, SGLang or vLLM shape)."""
+    """Normalise one engine record (native, SGLang or vLLM shape); RecordError names what is wrong."""
     if not isinstance(obj, dict):
-        raise RecordError("engine record is not a JSON object")
-    meta = obj.get("meta_info") or {}
+        raise RecordError(f"engine record is {kind(obj)}, not a JSON object")
+    meta = obj.get("meta_info")
+    if meta is None:
+        meta = {}
+    elif not isinstance(meta, dict):
+        raise RecordError(f"meta_info is {kind(meta)}, not an object")
     rid = obj.get("id", meta.get("id"))
     if rid is None:
         raise RecordError("engine record has no id")
-    finish = None
+    rid = check_id(rid, "engine record id")
+    choices = obj.get("choices")
     if "output_ids" in obj:
         output = _int_list(obj["output_ids"], "output_ids")
         prompt = obj.get("prompt_ids")
         fr = meta.get("finish_reason")
-        finish = fr.get("type") if isinstance(fr, dict) else fr
-        finish = obj.get("finish_reason", finish)
-    elif isinstance(obj.get("choices"), list) and obj["choices"] and "token_ids" in obj["choices"][0]:
-        choice = obj["choices"][0]
+        finish = _finish(fr.get("type") if isinstance(fr, dict) else fr, "meta_info.finish_reason")
+        if "finish_reason" in obj:
+            finish = _finish(obj["finish_reason"], "finish_reason")
+    elif isinstance(choices, list) and choices:
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise RecordError(f"choices[0] is {kind(choice)}, not an object")
+        if "token_ids" not in choice:
+            raise RecordError("engine record has no output_ids or choices[0].token_ids")
         output = _int_list(choice["token_ids"], "choices[0].token_ids")
         prompt = obj.get("prompt_token_ids", choice.get("prompt_token_ids"))
-        finish = choice.get("finish_reason")
+        finish = _finish(choice.get("finish_reason"), "choices[0].finish_reason")
     else:
         raise RecordError("engine record has no output_ids or choices[0].token_ids")
     if prompt is not None:
         prompt = _int_list(prompt, "prompt_ids")
-    return EngineRecord(str(rid), output, prompt, finish)
+    return EngineRecord(rid, output, prompt, finish)
+
+
+_VARIABLE = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\d[\d,_.]*")
+
+
+def error_kind(reason: str) -> str:
+    """A reason with its particulars (quoted values, numbers) blanked, so that alike errors group together."""
+    return _VARIABLE.sub(lambda m: "N" if m.group()[0].isdigit() else "'…'", reason)
+
+
+def error_table(reasons: Iterable[str | None], top: int = 10) -> str:
+    """A printable table of the most common error kinds (see :func:`error_kind`), most frequent first."""
+    counts = Counter(error_kind(r) for r in reasons if r)
+    if not counts:
+        return ""
+    lines = [f"top error reasons ({sum(counts.values())} records in error, {len(counts)} kinds):"]
+    lines += [f"  {n:>7}  {kind_[:160]}" for kind_, n in counts.most_common(top)]
+    if len(counts) > top:
+        lines.append(f"  {sum(n for _, n in counts.most_common()[top:]):>7}  ({len(counts) - top} other kinds)")
+    return "\n".join(lines)
+
+
+EXIT_NOTHING_PROCESSED = 3  # a command ran but no record could be processed (empty input, every record an error)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def exit_status(counts: dict[str, int], errors: list[str], ok: str = "ok") -> int:
+    """A command's exit code from its per-record outcome: 0 when some record came through (the top error
+    reasons are printed if any failed), ``EXIT_NOTHING_PROCESSED`` when none did."""
+    if errors:
+        print(error_table(errors))
+    if not counts.get(ok):
+        total = sum(counts.values())
+        print(f"no record could be processed ({total} of {total} in error)" if total else "no record to process",
+              file=sys.stderr)
+        return EXIT_NOTHING_PROCESSED
+    return 0

@@ -265,3 +265,47 @@ def test_shipped_grids_name_their_notebook_and_validate_against_it(path):
     assert grid.notebook is not None and grid.notebook.is_file(), "a shipped grid names its notebook"
     validate(grid.runs, parameter_names(grid.notebook), grid.notebook.name)
     assert len(grid.runs) >= 2
+
+
+# ---- a summary a reader trusts at a glance ----
+
+def test_summary_page_shows_plain_values_states_constants_once_and_labels_simulated_and_real_runs(tmp_path):
+    import numpy as np
+
+    def run_dir(name, metrics):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"status": "ok", "duration_s": 1.0, "attempts": 1}))
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+
+    run_dir("sim", {"data": "simulated", "mismatch_rate": 0.8, "mismatch_rate_ci": [0.6, 0.9], "n_records": 5,
+                    "precision": {"whitespace": 1.0, "truncation": 1.0}, "tokens_per_s": 234549.45667536938})
+    run_dir("real", {"data": "real", "mismatch_rate": 0.256, "mismatch_rate_ci": [0.22, 0.29], "n_records": 5,
+                     "precision": {"whitespace": 1.0, "truncation": 0.5}, "tokens_per_s": 1234.5})
+    runs = [("sim", {"simulate": np.True_, "sample_size": np.int64(5), "sources": ["glaive"]}),
+            ("real", {"simulate": np.False_, "sample_size": np.int64(5), "sources": ["glaive"]})]
+    write_summary(tmp_path, runs, title="diff")
+    page = (tmp_path / "summary.html").read_text()
+    assert "np.True_" not in page and "np.int64" not in page and "np.False_" not in page
+    assert "<code>sample_size</code> = 5</li>" in page  # a fixed parameter, as written
+    assert "1 run on <b>simulated</b> data, 1 run on <b>real</b> data" in page
+    assert "<li>n records = <b>5</b></li>" in page  # the same in every run: said once ...
+    charts = sorted(p.name for p in (tmp_path / "charts").glob("*.png"))
+    assert "n_records.png" not in charts and "mismatch_rate.png" in charts  # ... and not charted
+    assert "234,549" in page and "234549.45" not in page
+    assert "mismatch rate (95% interval)" in page and "<td>0.8 [0.6, 0.9]</td>" in page  # value with its interval
+    assert "mismatch_rate_ci" not in page.split("<h2>Comparison")[0]  # readable names, no raw columns
+    # no table wider than the page: at most a handful of metric columns per table
+    import re
+    for table in re.findall(r"<table.*?</table>", page, re.S):
+        first_row = re.search(r"<tr>(.*?)</tr>", table, re.S).group(1)
+        assert first_row.count("<th") <= 10
+    assert "max-width:1400px" in page
+
+
+def test_papermill_kernels_do_not_print_the_tcp_encryption_warning(tmp_path):
+    code = ("import sys; from kimi_eagle.batch.notebooks import execute; "
+            f"execute({str(PROBE)!r}, {str(tmp_path / 'out')!r}, {{'x': 2}})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "without encryption" not in out.stderr + out.stdout
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["value"] == 2.0

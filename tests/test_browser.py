@@ -1,7 +1,9 @@
 """One real-browser test: notebook 02 run in JupyterLab, driven in headless Debian chromium by Playwright.
 
-Run with ``make test-browser`` (needs ``/usr/bin/chromium``: ``apt-get install -y chromium``; Playwright's
-own browser download is never used). The screenshot is kept in ``test-artifacts/browser/``.
+Part of ``make test`` whenever ``/usr/bin/chromium`` exists (``.ci/run`` installs it with apt-get; skipped
+otherwise); ``make test-browser`` runs it alone. Playwright's own browser download is never used. Every wait
+has a timeout; the server and its kernels are killed by process group. The screenshot and the server log are
+kept in ``test-artifacts/browser/``.
 """
 from __future__ import annotations
 
@@ -70,8 +72,9 @@ def lab(tmp_path_factory):
     k = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(k + 1, nbformat.v4.new_code_cell(
         f"sample_size = 1\nseed = 0\noutput_dir = {str(root / 'out')!r}"))
-    for c in nb.cells:
-        c.pop("id", None)
+    nb.nbformat_minor = max(nb.nbformat_minor, 5)  # cell ids: every cell gets one
+    for k, c in enumerate(nb.cells):
+        c.setdefault("id", f"cell-{k}")
     nbformat.write(nb, root / "inspect.ipynb")
     token, port = secrets.token_hex(16), free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "JUPYTER_CONFIG_DIR": str(root / "config"),
@@ -161,6 +164,14 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
             news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's "notify about news?" toast
             if news.count():
                 news.first.click(timeout=5_000)
+            # the playground: its checkbox label is shown whole, its comparison names the pasted IDs
+            label = page.locator(".ke-playground-allow-special")
+            label.wait_for(state="attached", timeout=30_000)
+            clipped = label.evaluate("e => [...e.querySelectorAll('label, span')].some("
+                                     "x => x.textContent.trim() && x.scrollWidth > x.clientWidth + 1)", timeout=10_000)
+            assert not clipped, "the playground's checkbox label is cut off"
+            assert "special-token spellings become specials" in label.inner_text(timeout=10_000)
+
             current.scroll_into_view_if_needed(timeout=10_000)
             shot = ARTIFACTS / "inspector.png"
             page.screenshot(path=str(shot), full_page=False, timeout=30_000)

@@ -10,7 +10,7 @@ from kimi_eagle.cli import main
 from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.hidden import load_target
 from kimi_eagle.eagle3.speculative import (
-    EagleProposer, NgramProposer, Target, generate_target_only, probs_from_logits, speculative_generate,
+    CachedTarget, EagleProposer, NgramProposer, Target, generate_target_only, probs_from_logits, speculative_generate,
 )
 
 torch.set_num_threads(1)
@@ -58,6 +58,32 @@ def test_greedy_speculative_output_equals_target_only_greedy(target, drafter, pr
         ngram = speculative_generate(Target(target), NgramProposer(512), ids, 40, 4, 0.0, EOS)
         assert eagle.tokens == want and ngram.tokens == want
         assert eagle.rounds > 0 and all(0 <= a <= 4 for a in eagle.accepted)
+
+
+def test_kv_cached_verification_gives_target_only_greedy_output(target, drafter, prompts):
+    """Rejections (an untrained drafter), full acceptance with bonus tokens (the oracle) and n-gram
+    drafts: the cached verifier crops its cache correctly in each case."""
+    for ids in prompts:
+        want = generate_target_only(target, ids, 40, 0.0, EOS)
+        for proposer, verifier in ((EagleProposer(drafter), CachedTarget(target, [1, 2, 3])), (Oracle(target), CachedTarget(target)),
+                                   (NgramProposer(512), CachedTarget(target))):
+            got = speculative_generate(verifier, proposer, ids, 40, 4, 0.0, EOS)
+            assert got.tokens == want, proposer.name
+            committed = ids + got.tokens
+            if got.tokens[-1] != EOS:  # the loop ended on the budget: the invariant holds
+                assert verifier.cache.get_seq_length() == len(committed) - 1
+            if verifier.aux is not None:  # the cached features are the full-sequence ones
+                full_aux = Target(target, [1, 2, 3])(committed)[1]
+                n = verifier.aux.shape[0]
+                torch.testing.assert_close(verifier.aux, full_aux[:n], rtol=1e-4, atol=1e-5)
+
+
+def test_kv_cached_and_uncached_verification_agree_when_sampling(target, drafter, prompts):
+    results = []
+    for verifier in (Target(target, [1, 2, 3]), CachedTarget(target, [1, 2, 3])):
+        g = torch.Generator().manual_seed(5)
+        results.append(speculative_generate(verifier, EagleProposer(drafter), prompts[0], 30, 3, 1.0, EOS, g))
+    assert results[0].tokens == results[1].tokens and results[0].accepted == results[1].accepted
 
 
 def test_tau_counts_accepted_drafts_plus_the_target_token(target, prompts):

@@ -99,3 +99,39 @@ def test_bad_rows_are_reported_not_dropped(tmp_path):
 def test_kimi_bytes_per_token_arithmetic():
     # aux 3H + final H at 2 bytes, plus an int64 id and a mask byte
     assert bytes_per_token(7168) == 4 * 7168 * 2 + 9 == 57_353
+
+
+def test_fp8_shards_hold_e4m3_values_with_a_scale_per_token_and_layer(target, rows, tmp_path):
+    from kimi_eagle.eagle3.quant import FP8_MAX, dequantize_fp8, quantize_fp8
+
+    m8 = extract(stories_dir(), rows, tmp_path / "fp8", dtype="fp8", shard_rows=3, model=target)
+    m16 = extract(stories_dir(), rows, tmp_path / "bf16", dtype="bf16", shard_rows=3, model=target)
+    assert m8["dtype"] == "fp8" and m8["payload_bytes_per_token"] == 4 * 64 + 4 * 4 + 9  # values + 4 fp32 scales + id + mask
+    assert m8["payload_vs_bf16"] == round(281 / 521, 4) and m16["payload_vs_bf16"] == 1.0
+    assert m8["bytes"] < 0.6 * m16["bytes"]
+    with safe_open(str(tmp_path / "fp8" / m8["shards"][0]["file"]), framework="pt") as f:
+        assert f.get_slice("aux").get_dtype() == "F8_E4M3" and f.get_slice("aux_scale").get_shape() == [m8["shards"][0]["n_tokens"], 3]
+        aux_q, aux_scale = f.get_tensor("aux"), f.get_tensor("aux_scale")
+        # absmax scaling: every token's largest value in every layer maps to ±448
+        per_layer = aux_q.float().abs().reshape(-1, 3, 64).amax(-1)
+        assert torch.equal(per_layer, torch.full_like(per_layer, FP8_MAX))
+    # the reader dequantizes: within half an e4m3 step (2**-4 relative) of the exact states, plus the subnormal floor
+    for exact, got in zip(HiddenStates(tmp_path / "bf16"), HiddenStates(tmp_path / "fp8")):
+        assert got["aux"].dtype == torch.float32 and got["aux"].shape == exact["aux"].shape
+        for name, n in (("aux", 3), ("final", 1)):
+            x = exact[name].float()
+            scale = x.reshape(len(x), n, 64).abs().amax(-1, keepdim=True) / FP8_MAX
+            bound = (x.reshape(len(x), n, 64).abs() * 2**-4 + scale * 2**-10 + x.reshape(len(x), n, 64).abs() * 2**-8).reshape(x.shape)
+            assert ((got[name] - x).abs() <= bound).all(), name  # (2**-8: the bf16 reference's own rounding)
+    # an all-zero block is stored exactly (scale 1), and quantization round-trips its own grid exactly
+    q, s = quantize_fp8(torch.zeros(2, 8), 4)
+    assert torch.equal(s, torch.ones(2, 2)) and torch.equal(dequantize_fp8(q, s), torch.zeros(2, 8))
+    q, s = quantize_fp8(torch.tensor([[448.0, -1.0, 0.5, 2.0]]), 4)
+    assert torch.equal(dequantize_fp8(q, s), torch.tensor([[448.0, -1.0, 0.5, 2.0]]))
+
+
+def test_fp8_halves_the_bytes_at_kimi_scale():
+    from kimi_eagle.eagle3.quant import fp8_bytes_per_token
+
+    assert fp8_bytes_per_token(7168) == 4 * 7168 + 16 + 9 == 28_697
+    assert fp8_bytes_per_token(7168) / bytes_per_token(7168) <= 0.52  # 0.5004

@@ -103,3 +103,26 @@ def test_write_figure_saves_in_the_format_of_the_suffix_and_leaves_no_temporary(
     svg = write_figure(fig, tmp_path / "c.svg")
     assert png.read_bytes().startswith(b"\x89PNG") and b"<svg" in svg.read_bytes()[:400]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.png", "c.svg"]
+
+
+def test_lines_end_at_lf_crlf_or_cr_even_across_read_chunks():
+    import io
+
+    from kimi_eagle.io import iter_raw_lines
+
+    data = b'{"a": 1}\r\n{"b": 2}\r{"c": 3}\n\n{"d": 4}\r'
+    expected = [(0, b'{"a": 1}'), (10, b'{"b": 2}'), (19, b'{"c": 3}'), (28, b""), (29, b'{"d": 4}')]
+    for chunk_size in (1, 2, 3, 7, 1 << 20):  # a CRLF split between two reads is still one line end
+        assert list(iter_raw_lines(io.BytesIO(data), chunk_size=chunk_size)) == expected
+
+
+def test_parse_line_names_what_is_wrong_and_never_raises():
+    from kimi_eagle.io import parse_line
+
+    assert parse_line(b'{"id": "a"}', 1)[0].obj == {"id": "a"}
+    deep = parse_line(b'{"id": "d", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", 2)
+    assert [(line.obj, line.error) for line in deep] == [(None, "line 2: nested more than 100 levels deep")]
+    two = parse_line(b'{"id": 1}  {"id": 2}', 3)
+    assert [(line.obj, line.partial) for line in two] == [(None, {"id": 1}), (None, {"id": 2})]
+    assert all("value" in line.error for line in two)
+    assert "invalid UTF-8 at byte 8" in parse_line(b'{"id": "\xc3("}', 4)[0].error

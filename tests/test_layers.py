@@ -34,3 +34,25 @@ def test_foreign_engine_ids_are_read_as_capture_before_block_j():
     assert layer_ids_from_engine([2, 30, 58]) == [1, 29, 57]
     for ids in ([0, 1, 2], [1, 29, 57], [3, 9, 20]):
         assert layer_ids_from_engine(engine_layer_ids(ids, "vllm")) == ids
+
+
+def test_kimi_layer_ids_in_every_trainer_convention():
+    from kimi_eagle.eagle3.layers import convention_table
+
+    table = convention_table(61)
+    assert table["kimi_block_output"] == [1, 29, 57]
+    assert table["sglang_specforge"] == [1, 29, 57]  # SpecForge's [1, n//2-1, n-4]; SGLang adds the 1
+    assert table["vllm_speculators"] == [2, 30, 58]  # speculators' [2, n//2, n-3]
+    assert table["speculators_file_layers"] == [2, 30, 58, 61]
+
+
+@pytest.mark.parametrize("trainer", ["kimi", "sglang", "specforge", "vllm", "speculators"])
+@pytest.mark.parametrize("ids", [(1, 29, 57), (2, 30, 58), (0, 30, 60)])
+def test_trainer_layer_ids_round_trip(trainer, ids):
+    from kimi_eagle.eagle3.layers import layer_ids_from_trainer, trainer_layer_ids
+
+    if trainer in ("sglang", "specforge") and ids[0] == 0:
+        with pytest.raises(ValueError):
+            trainer_layer_ids(ids, 61, trainer)
+        return
+    assert layer_ids_from_trainer(trainer_layer_ids(ids, 61, trainer), 61, trainer) == list(ids)

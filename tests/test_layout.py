@@ -20,7 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"core", "tokenize"},
     "eagle3": {"core", "tokenize", "engine"},
     "batch": {"core"},
-    "entry": {"core", "tokenize", "reconstruct", "diff", "engine", "eagle3", "batch"},
+    "audit": {"core", "tokenize", "reconstruct", "diff", "engine"},
+    "entry": {"core", "tokenize", "reconstruct", "diff", "engine", "eagle3", "batch", "audit"},
 }
 ENTRY_MODULES = {"kimi_eagle.cli", "kimi_eagle.__main__"}
 

@@ -72,7 +72,7 @@ def test_every_bad_input_is_one_clear_row_and_the_run_goes_on(bad_file, tmp_path
         elif reason:
             assert reason in list(row.flags)
     assert df.line.tolist() == [1, 2, *range(5, 15)]  # blank lines are not records
-    assert df.id[1] == "line:2" and df.id[8] == "bad-utf8"
+    assert df.id[1] == "<line 2>" and df.id[8] == "bad-utf8"
     good = df.iloc[0]
     assert (good.billed_completion_tokens, good.billed_reasoning_tokens, good.provider) == (4, 0, "P")
     assert good.finish_reason == "stop" and good.format == "kimi-k2.5" and good.dataset == "unit"
@@ -118,7 +118,7 @@ def test_empty_file_is_a_clear_error(tmp_path):
         reconstruct_file(empty, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False)
     cli = subprocess.run([sys.executable, "-m", "kimi_eagle", "reconstruct", str(empty), "--tokenizer", str(kimi_dir()),
                           "-o", str(tmp_path / "o.parquet")], capture_output=True, text=True)
-    assert cli.returncode == 2 and "is empty" in cli.stderr
+    assert cli.returncode == 3 and "is empty" in cli.stderr
 
 
 @pytest.fixture(scope="module")

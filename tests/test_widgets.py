@@ -27,10 +27,31 @@ def current_hunk(page):
     return int(marks[0])
 
 
-def test_starts_on_the_first_record_unfiltered(inspector):
-    assert len(inspector.filtered_ids) == 20
-    assert inspector.current_id == inspector.filtered_ids[0]
+def test_opens_on_the_first_record_that_is_not_exact(inspector):
+    ids = inspector.filtered_ids
+    verdicts = inspector.records.set_index("id")["verdict"]
+    assert len(ids) == 20 and verdicts[ids[0]] == "exact"  # the benchmark's first record has nothing to show
+    assert inspector.current_id == next(i for i in ids if verdicts[i] != "exact")
+    assert inspector.record_verdict.hunks and inspector.position.value.startswith("hunk 1/")
     assert "ke-aligned" in inspector.html.value
+
+
+def test_the_widget_carries_a_static_snapshot_of_its_first_view(inspector, kimi):
+    bundle = inspector.widget._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # live front ends render the widget
+    snapshot = bundle["text/html"]  # static exports (nbconvert, batch HTML) show this instead of nothing
+    assert "static snapshot" in snapshot and inspector.html.value in snapshot
+    assert f"{len(inspector.filtered_ids)} records" in snapshot and inspector.position.value in snapshot
+    pg = TokenizerPlayground(kimi, text="Hello <|im_end|>", ids="1, 2")
+    snapshot = pg.widget._repr_mimebundle_()["text/html"]
+    assert "<pre>Hello &lt;|im_end|&gt;</pre>" in snapshot and "<code>1, 2</code>" in snapshot and pg.html.value in snapshot
+
+
+def test_long_hunks_wrap_inside_their_column(kimi):
+    from kimi_eagle.diff.inspector import ALIGNED_CSS
+
+    assert re.search(r"\.ke-col\.ke-h\{[^}]*max-width:100%", ALIGNED_CSS)
+    assert re.search(r"\.ke-col\.ke-h \.ke-row\{[^}]*white-space:pre-wrap", ALIGNED_CSS)
 
 
 def test_filters_narrow_the_record_list(inspector):
@@ -99,10 +120,13 @@ def test_playground_encodes_and_compares_pasted_ids(kimi):
     assert pg.record_verdict.verdict == "bpe_split" and "<b>bpe_split</b>" in pg.html.value
     pg.ids.value = str(pg.encoded)
     assert pg.record_verdict.verdict == "exact"
+    assert "top row: pasted IDs · bottom row: the text&#x27;s encoding" in pg.html.value
+    assert "engine IDs" not in pg.html.value
     pg.ids.value = "1, two, 3"
-    assert pg.record_verdict is None and "IDs must be integers" in pg.html.value
+    assert pg.record_verdict is None and ">IDs must be integers" in pg.html.value
+    assert "IDs: IDs" not in pg.html.value  # the reason is said once, without a repeated prefix
     pg.ids.value = "[5, 999999]"
-    assert pg.record_verdict is None and "999999 is outside the vocabulary" in pg.html.value
+    assert pg.record_verdict is None and "pasted IDs: position 1: 999999 is outside" in pg.html.value
 
 
 def test_parse_ids_accepts_lists_and_separators():

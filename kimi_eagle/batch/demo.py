@@ -16,13 +16,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-workers", type=int, default=2, help="parallel runs for the notebooks/grids batches")
     args = p.parse_args(argv)
     out = Path(args.out)
+    began = time.perf_counter()
     for notebook, params in notebook_runs("demo"):
         start = time.perf_counter()
         print(f"[demo] {notebook.name} ...", flush=True)
         executed = execute(notebook, out / notebook.stem, params, progress=False)
         print(f"[demo] {notebook.name} done in {time.perf_counter() - start:.1f}s -> {executed}", flush=True)
     print(f"[demo] all notebooks executed into {out}/")
-    return run_grids(out / "batch", args.batch_workers)
+    status = run_grids(out / "batch", args.batch_workers)
+    print(f"[demo] finished in {(time.perf_counter() - began) / 60:.1f} min. Open first:")
+    for page in [*sorted(out.glob("*/*/report.html")), *sorted((out / "batch").glob("*/summary.html"))]:
+        print(f"[demo]   {page}")
+    return status
 
 
 def run_grids(out: Path, workers: int) -> int:

@@ -16,6 +16,9 @@ from ..assets import REPO_ROOT
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 RUNS_FILE = NOTEBOOK_DIR / "runs.yaml"
 KERNEL = "python3"
+# the kernel logs only errors: no "Kernel is running over TCP without encryption" warning per notebook (the
+# kernel listens on 127.0.0.1 only, for the one client papermill starts)
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
 def notebook_runs(kind: str) -> list[tuple[Path, dict[str, Any]]]:
@@ -39,7 +42,7 @@ def execute(notebook: str | Path, output_dir: str | Path, parameters: dict[str, 
     out = output_dir / notebook.name
     pm.execute_notebook(
         str(notebook), str(out), parameters=params, kernel_name=KERNEL, progress_bar=progress,
-        cwd=str(cwd or REPO_ROOT), log_output=False,
+        cwd=str(cwd or REPO_ROOT), log_output=False, extra_arguments=KERNEL_ARGUMENTS,
     )
     return out
 

@@ -8,8 +8,16 @@ The same split is made for reasoning tokens over the ``reasoning`` segments.
 """
 from __future__ import annotations
 
+import itertools
+import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+import pyarrow as pa
+
+from ..tokenize.tokenizer import Tokenizer
 
 REASONING_KINDS = ("reasoning",)
 
@@ -45,3 +53,292 @@ def reasoning_billing(billed: int | None, segments: Sequence[Mapping[str, Any]],
     """Reasoning tokens: explained by the token deltas of hunks inside reasoning segments."""
     explained = None if hunk_deltas_in_reasoning is None else -sum(hunk_deltas_in_reasoning)
     return _split(billed, reasoning_tokens(segments), explained)
+
+
+# --------------------------------------------------------------------------------------------
+# Billing-only reconciliation: no engine, only the provider's own counts against the reconstruction.
+#
+# A record's completion delta ``billed - reconstructed`` is first compared with what the provider's
+# conventions predict (learned from all of that provider's records: does it count the end-of-turn
+# token, does its reasoning count include ``</think>``); whatever remains is checked against record-level
+# conventions that the record's own text or shape makes possible (a length cut, reasoning straight into
+# tools without ``</think>``, rewritten tool ids, stripped whitespace around arguments, U+FFFD).
+
+VERDICTS = ("match", "explained", "unexplained", "no_billing", "error")
+PROVIDER_CONVENTIONS = ("eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported")
+RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "tool_id_rewritten", "whitespace_stripped",
+                      "replacement_char")  # tried in this order; the fewest conventions that explain a record win
+UNBOUNDED = 1 << 40
+REPLACEMENT_CHAR = "\ufffd".encode()
+MODEL_TOOL_ID = re.compile(rb"functions\.[^\s:]+:\d+")
+PROVIDER_UNKNOWN = "(unknown)"
+
+
+@dataclass(frozen=True)
+class RecordFacts:
+    """What one reconstructed row shows about its billing, read from its segments, flags and bytes."""
+
+    n_tokens: int
+    n_reasoning: int
+    n_eot: int  # tokens of the ``im_end`` segment (the end-of-turn token, EOS for ``plain``)
+    n_think_end: int  # tokens of ``think_begin`` + ``think_end``
+    n_tool_args: int  # tool-call argument segments
+    tool_id_slack: int  # how far rewritten tool ids may move the count (0: none visible)
+    n_fffd: int  # U+FFFD in the completion
+    n_fffd_reasoning: int
+    straight_into_tools: bool  # ``</think>`` then tool calls, no content
+    length: bool
+
+
+def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
+    """The facts of an ``ok`` row; raises ValueError when its IDs do not belong to ``tok``."""
+    ids = list(row.get("completion_ids") if row.get("completion_ids") is not None else [])
+    table = tok.token_table
+    bad = next((i for i in ids if not 0 <= int(i) < len(table)), None)
+    if bad is not None:
+        raise ValueError(f"completion ID {bad} is outside the tokenizer's {len(table):,} IDs (wrong --tokenizer?)")
+    segments = list(row.get("segments") if row.get("segments") is not None else [])
+    flags = set(row.get("flags") if row.get("flags") is not None else [])
+
+    def run(s: Mapping[str, Any]) -> bytes:
+        return b"".join(table[int(i)] for i in ids[int(s["tok_start"]) : int(s["tok_end"])])
+
+    def n(kinds: tuple[str, ...]) -> int:
+        return sum(int(s["tok_end"]) - int(s["tok_start"]) for s in segments if s["kind"] in kinds)
+
+    kinds = [s["kind"] for s in segments]
+    slack = 0
+    for s in segments:
+        if s["kind"] == "tool_id":
+            visible_foreign = not MODEL_TOOL_ID.fullmatch(run(s).strip())
+            slack += (int(s["tok_end"]) - int(s["tok_start"])) if visible_foreign else 0
+    if "tool_id_normalised" in flags:  # the model's own index is lost: up to 2 tokens either way per call
+        slack += 2 * kinds.count("tool_id")
+    completion = b"".join(table[int(i)] for i in ids)
+    reasoning = b"".join(run(s) for s in segments if s["kind"] in REASONING_KINDS)
+    return RecordFacts(
+        n_tokens=len(ids), n_reasoning=n(REASONING_KINDS), n_eot=n(("im_end",)),
+        n_think_end=n(("think_begin", "think_end")), n_tool_args=kinds.count("tool_args"), tool_id_slack=slack,
+        n_fffd=completion.count(REPLACEMENT_CHAR), n_fffd_reasoning=reasoning.count(REPLACEMENT_CHAR),
+        straight_into_tools="think_end" in kinds and "tool_id" in kinds and "content" not in kinds,
+        length=row.get("finish_reason") == "length" or "truncated" in flags,
+    )
+
+
+def convention_ranges(name: str, f: RecordFacts, think_end_in_reasoning: bool) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """``((lo, hi) of billed − reconstructed completion tokens, (lo, hi) for reasoning)`` that the record-level
+    convention ``name`` can produce on this record, or None when the record gives it no room."""
+    if name == "think_end_not_generated" and f.straight_into_tools and f.n_think_end:
+        r = -f.n_think_end if think_end_in_reasoning else 0
+        return (-f.n_think_end, -f.n_think_end), (r, r)
+    if name == "length_truncation" and f.length:  # tokens after the text's end (partial character, unfinished markup)
+        return (0, UNBOUNDED), (0, UNBOUNDED)
+    if name == "tool_id_rewritten" and f.tool_id_slack:
+        return (-f.tool_id_slack, f.tool_id_slack), (0, 0)
+    if name == "whitespace_stripped" and f.n_tool_args:  # whitespace around arguments the API parser stripped
+        return (1, 2 * f.n_tool_args), (0, 0)
+    if name == "replacement_char" and f.n_fffd:  # a partial character (1-3 byte tokens) shown as U+FFFD
+        return (-3 * f.n_fffd, 3 * f.n_fffd), (-3 * f.n_fffd_reasoning, 3 * f.n_fffd_reasoning)
+    return None
+
+
+def explain(residual: int, reasoning_residual: int | None, f: RecordFacts,
+            think_end_in_reasoning: bool = False) -> tuple[str, ...] | None:
+    """The fewest record-level conventions whose ranges contain both residuals (ties: RECORD_CONVENTIONS order);
+    ``()`` when nothing is left to explain, None when no combination fits."""
+    if residual == 0 and not reasoning_residual:
+        return ()
+    options = [(n, r) for n in RECORD_CONVENTIONS if (r := convention_ranges(n, f, think_end_in_reasoning)) is not None]
+    for size in range(1, len(options) + 1):
+        for combo in itertools.combinations(options, size):
+            c_lo, c_hi = sum(r[0][0] for _, r in combo), sum(r[0][1] for _, r in combo)
+            r_lo, r_hi = sum(r[1][0] for _, r in combo), sum(r[1][1] for _, r in combo)
+            if c_lo <= residual <= c_hi and (reasoning_residual is None or r_lo <= reasoning_residual <= r_hi):
+                return tuple(n for n, _ in combo)
+    return None
+
+
+@dataclass(frozen=True)
+class ProviderConventions:
+    """What a provider's records say about how it counts, by majority of the records that can tell."""
+
+    eot: str  # "counted" | "not_counted" | "unknown"
+    eot_votes: dict[str, int]
+    reasoning: str  # "without_think_end" | "with_think_end" | "not_reported" | "unknown"
+    reasoning_votes: dict[str, int]
+
+
+def _eot_vote(delta: int | None, f: RecordFacts) -> str | None:
+    if delta is None or not f.n_eot:
+        return None
+    return "counted" if delta == 0 else "not_counted" if delta == -f.n_eot else None
+
+
+def _reasoning_vote(billed: int | None, f: RecordFacts) -> str | None:
+    if billed is None or not f.n_reasoning:
+        return None
+    if billed == 0:
+        return "not_reported"
+    if billed == f.n_reasoning:
+        return "without_think_end"
+    if f.n_think_end and billed == f.n_reasoning + f.n_think_end:
+        return "with_think_end"
+    return None
+
+
+def provider_conventions(evidence: Iterable[tuple[str, str | None, str | None]]) -> dict[str, ProviderConventions]:
+    """``{provider: conventions}`` from ``(provider, eot vote, reasoning vote)`` per record (votes may be None).
+
+    Ties go to the reconstruction's own convention (end-of-turn counted, reasoning without ``</think>``)."""
+    eot: dict[str, Counter[str]] = {}
+    rsn: dict[str, Counter[str]] = {}
+    for provider, e, r in evidence:
+        eot.setdefault(provider, Counter())
+        rsn.setdefault(provider, Counter())
+        if isinstance(e, str):
+            eot[provider][e] += 1
+        if isinstance(r, str):
+            rsn[provider][r] += 1
+    out = {}
+    for p in eot:
+        e_votes, r_votes = eot[p], rsn[p]
+        e = "unknown" if not e_votes else "not_counted" if e_votes["not_counted"] > e_votes["counted"] else "counted"
+        r = "unknown" if not r_votes else max(("without_think_end", "with_think_end", "not_reported"),
+                                                key=lambda k: (r_votes[k], k == "without_think_end"))
+        out[p] = ProviderConventions(e, dict(e_votes), r, dict(r_votes))
+    return out
+
+
+BILLING_SCHEMA = pa.schema([
+    ("id", pa.string()), ("dataset", pa.string()), ("provider", pa.string()), ("status", pa.string()),
+    ("error", pa.string()), ("line", pa.int64()), ("format", pa.string()), ("finish_reason", pa.string()),
+    ("flags", pa.list_(pa.string())),
+    ("billed_completion_tokens", pa.int64()), ("n_recon_tokens", pa.int64()), ("billing_delta", pa.int64()),
+    ("billed_reasoning_tokens", pa.int64()), ("recon_reasoning_tokens", pa.int64()), ("reasoning_delta", pa.int64()),
+    ("eot_tokens", pa.int64()), ("think_end_tokens", pa.int64()),
+    ("eot_vote", pa.string()), ("reasoning_vote", pa.string()),
+    ("expected_delta", pa.int64()), ("unexplained_tokens", pa.int64()),
+    ("verdict", pa.string()), ("conventions", pa.list_(pa.string())), ("reason", pa.string()),
+])
+
+
+def _int(value: Any) -> int | None:
+    """An integer count, or None for null/NaN (pandas turns nullable ints into floats)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        if value != value:  # NaN
+            return None
+        return int(value) if float(value).is_integer() else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _signed(v: int) -> str:
+    return f"{v:+d}".replace("-", "−")
+
+
+REASONS = {
+    "eot_not_counted": "the provider does not count the end-of-turn token",
+    "reasoning_with_think_end": "the provider's reasoning count includes </think>",
+    "reasoning_not_reported": "the provider reports 0 reasoning tokens",
+    "think_end_not_generated": "reasoning went straight into tool calls without </think>",
+    "truncation_resolved_by_billing": "cut inside the tool section: the reconstruction chose how many closing markers "
+                                      "follow the last call by this billed count, so the count agrees by construction",
+    "length_truncation": "finish_reason length: tokens after the text's end (a partial character, unfinished markup) "
+                         "never reach the text — a non-canonical split looks the same",
+    "tool_id_rewritten": "tool-call ids were rewritten, the model's own ids are not in the text",
+    "whitespace_stripped": "whitespace around tool arguments stripped by the API's parser",
+    "replacement_char": "U+FFFD in the text: a partial character the API replaced",
+}
+
+
+def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One billing verdict per reconstructed row (never fewer rows than the input), as a BILLING_SCHEMA frame.
+
+    ``verdict``: ``match``; ``explained:<convention>[+<convention>]``; ``unexplained`` (``unexplained_tokens``
+    is what no convention accounts for); ``no_billing`` (no usable ``usage.completion_tokens``, ``reason`` says
+    why); ``error`` (the reconstruction failed, or its IDs are not this tokenizer's).
+    """
+    out: list[dict[str, Any]] = []
+    facts: list[tuple[RecordFacts | None, str | None]] = []
+    seen: Counter[str] = Counter()
+    for r in rows:
+        rid = str(r.get("id"))
+        seen[rid] += 1
+        row = {f.name: None for f in BILLING_SCHEMA}
+        row.update(id=rid, dataset=r.get("dataset"), provider=r.get("provider") or PROVIDER_UNKNOWN,
+                   status="ok", line=_int(r.get("line")), format=r.get("format"), finish_reason=r.get("finish_reason"),
+                   flags=list(r.get("flags") if r.get("flags") is not None else []), conventions=[],
+                   billed_completion_tokens=_int(r.get("billed_completion_tokens")),
+                   billed_reasoning_tokens=_int(r.get("billed_reasoning_tokens")))
+        f = None
+        if seen[rid] > 1:
+            row.update(status="error", error="duplicate id in the reconstructed input")
+        elif r.get("status") != "ok":
+            row.update(status="error", error=f"reconstruction: {r.get('error') or r.get('status')}")
+        else:
+            try:
+                f = record_facts(tok, r)
+            except (ValueError, KeyError, TypeError) as e:
+                row.update(status="error", error=f"reconstructed row: {e}")
+        if f is not None:
+            bc, br = row["billed_completion_tokens"], row["billed_reasoning_tokens"]
+            row.update(n_recon_tokens=f.n_tokens, recon_reasoning_tokens=f.n_reasoning, eot_tokens=f.n_eot,
+                       think_end_tokens=f.n_think_end,
+                       billing_delta=None if bc is None else bc - f.n_tokens,
+                       reasoning_delta=None if br is None else br - f.n_reasoning)
+            row.update(eot_vote=_eot_vote(row["billing_delta"], f), reasoning_vote=_reasoning_vote(br, f))
+        else:
+            row.update(verdict="error", reason=row["error"])
+        out.append(row)
+        facts.append((f, r.get("usage_error")))
+    conventions = provider_conventions((o["provider"], o["eot_vote"], o["reasoning_vote"]) for o in out)
+    for row, (f, usage_error) in zip(out, facts):
+        if f is not None:
+            _judge(row, f, conventions[row["provider"]], usage_error)
+    return pa.Table.from_pylist(out, schema=BILLING_SCHEMA).to_pandas()
+
+
+def _judge(row: dict[str, Any], f: RecordFacts, pc: ProviderConventions, usage_error: str | None) -> None:
+    """Fill ``expected_delta``, ``unexplained_tokens``, ``verdict``, ``conventions`` and ``reason`` of an ok row."""
+    bc, br = row["billed_completion_tokens"], row["billed_reasoning_tokens"]
+    if bc is None:
+        row.update(verdict="no_billing", reason=usage_error or "no integer usage.completion_tokens in the response")
+        return
+    base: list[str] = []
+    expected = 0
+    if pc.eot == "not_counted" and f.n_eot:
+        base.append("eot_not_counted")
+        expected -= f.n_eot
+    think_end_in_reasoning = pc.reasoning == "with_think_end"
+    reasoning_residual = None
+    if br is not None and f.n_reasoning and br == 0 and pc.reasoning == "not_reported":
+        base.append("reasoning_not_reported")
+    elif br is not None:
+        r_expected = f.n_think_end if think_end_in_reasoning and f.n_reasoning else 0
+        if r_expected:
+            base.append("reasoning_with_think_end")
+        reasoning_residual = row["reasoning_delta"] - r_expected
+    residual = row["billing_delta"] - expected
+    extra = explain(residual, reasoning_residual, f, think_end_in_reasoning)
+    parts = [f"billed {bc:,}, reconstructed {f.n_tokens:,} ({_signed(row['billing_delta'])})"]
+    if br is not None:
+        parts.append(f"reasoning billed {br:,}, reconstructed {f.n_reasoning:,} ({_signed(row['reasoning_delta'])})")
+    if extra is None:
+        row.update(verdict="unexplained", conventions=base, expected_delta=expected, unexplained_tokens=residual)
+        parts.append(f"{_signed(residual)} completion tokens that no known convention explains"
+                     + (f" (reasoning {_signed(reasoning_residual)})" if reasoning_residual else ""))
+    else:
+        used = base + list(extra)
+        if "truncation_resolved_by_billing" in row["flags"]:  # the count chose the closers: agreement by construction
+            used.append("truncation_resolved_by_billing")
+        row.update(verdict="explained:" + "+".join(used) if used else "match", conventions=used,
+                   expected_delta=row["billing_delta"] if extra else expected, unexplained_tokens=0)
+        parts += [REASONS[c] for c in used]
+    row["reason"] = "; ".join(parts)
+
+
+def verdict_class(verdict: str | None) -> str:
+    """``match`` / ``explained`` / ``unexplained`` / ``no_billing`` / ``error`` of a verdict string."""
+    return "error" if verdict is None else verdict.split(":", 1)[0]

@@ -4,9 +4,12 @@
 sequences as aligned token chips (engine on top, reconstruction below; ID and bytes on hover,
 whitespace visible, specials styled, hunks outlined, the current hunk marked) and previous/next
 hunk navigation. ``TokenizerPlayground`` — text in, chips out, compared with a pasted ID list.
+``CompletionPlayground`` — a completion's engine IDs in, the API message a Kimi server returns out.
 
 All state lives in plain attributes and all HTML comes from pure functions, so the logic is
-tested headlessly by setting widget values and reading ``.html.value``.
+tested headlessly by setting widget values and reading ``.html.value``. Each ``.widget`` also carries a static
+HTML snapshot of its first view (``text/html`` beside the live widget), which nbconvert and the batch's HTML
+pages show where no widget state is saved.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import html
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
 import pandas as pd
@@ -30,7 +33,8 @@ ALIGNED_CSS = """<style>
 .ke-aligned{display:flex;flex-wrap:wrap;align-items:stretch;gap:2px;font-family:ui-monospace,monospace;font-size:12px}
 .ke-col{display:flex;flex-direction:column;justify-content:space-between;border:1px solid transparent;padding:1px}
 .ke-col .ke-row{min-height:22px;white-space:pre}
-.ke-col.ke-h{border:2px solid #d32f2f;background:#ffebee}
+.ke-col.ke-h{border:2px solid #d32f2f;background:#ffebee;max-width:100%;box-sizing:border-box}
+.ke-col.ke-h .ke-row{white-space:pre-wrap;overflow-wrap:anywhere}
 .ke-col.ke-h.ke-cur{border:3px solid #ff6f00;background:#fff3e0}
 .ke-col.ke-h.ke-split{border-color:#1976d2;background:#e3f2fd}
 .ke-legend{font-size:12px;color:#555;margin:4px 0}
@@ -38,6 +42,23 @@ ALIGNED_CSS = """<style>
 </style>"""
 
 Sequences = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[Mapping[str, Any]]]]
+
+
+class SnapshotBox(W.VBox):
+    """A VBox whose display also carries ``text/html``: a static snapshot of the view when it was displayed.
+
+    A live front end renders the widget; a static export (nbconvert, the batch's HTML) has no widget state
+    and falls back to the snapshot instead of an empty output."""
+
+    def __init__(self, children: Sequence[W.Widget], snapshot: Callable[[], str], **kw: Any) -> None:
+        super().__init__(list(children), **kw)
+        self._snapshot = snapshot
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/html"] = ('<div class="ke-snapshot"><p style="color:#777;font-size:12px">static snapshot of the '
+                             "widget's first view (interactive when the notebook runs)</p>" + self._snapshot() + "</div>")
+        return data
 
 
 # --------------------------------------------------------------------------------------------
@@ -48,11 +69,12 @@ def _chips(tok: Tokenizer, ids: Sequence[int], start: int, specials: frozenset[i
     return "".join(chip(tok, t, start + k, "", specials) for k, t in enumerate(ids)) or "<i>∅</i>"
 
 
-def aligned_html(tok: Tokenizer, v: RecordVerdict, current: int | None = None, context: int = 40) -> str:
+def aligned_html(tok: Tokenizer, v: RecordVerdict, current: int | None = None, context: int = 40,
+                 top: str = "engine IDs", bottom: str = "reconstructed IDs") -> str:
     """Engine (top) and reconstruction (bottom) as aligned columns: one per equal token, one per hunk.
 
     Only ``context`` equal tokens around each hunk are shown (elided runs are counted);
-    ``context < 0`` shows everything.
+    ``context < 0`` shows everything. ``top``/``bottom`` name the two rows in the legend.
     """
     al = v.alignment
     specials = tok.special_ids
@@ -88,7 +110,7 @@ def aligned_html(tok: Tokenizer, v: RecordVerdict, current: int | None = None, c
                     f'<div class="ke-row">{_chips(tok, al.b[h.b_start:h.b_end], h.b_start, specials)}</div></div>')
         ia, ib = h.a_end, h.b_end
     equal_run(ia, len(al.a), ib, lead=bool(v.hunks), trail=False)
-    legend = ('<div class="ke-legend">top row: engine IDs · bottom row: reconstructed IDs · '
+    legend = (f'<div class="ke-legend">top row: {html.escape(top)} · bottom row: {html.escape(bottom)} · '
               '<span style="color:#1976d2">blue</span>: same bytes, other split · '
               '<span style="color:#d32f2f">red</span>: bytes or specials differ · '
               '<span style="color:#ff6f00">orange</span>: current hunk · hover a chip for its ID and bytes</div>')
@@ -162,11 +184,11 @@ class DiffInspector:
                         (self.record, "record"), (self.prev_button, "prev"), (self.next_button, "next"),
                         (self.position, "position"), (self.html, "view")):
             w.add_class(f"ke-inspector-{name}")  # stable hooks for browser tests
-        self.widget = W.VBox([
+        self.widget = SnapshotBox([
             W.HBox([self.dataset, self.verdict_filter, self.subclass_filter]),
             W.HBox([self.record, self.prev_button, self.next_button, self.position]),
             self.context, self.html,
-        ])
+        ], snapshot=self.snapshot_html)
         self._refilter()
 
     @classmethod
@@ -203,7 +225,9 @@ class DiffInspector:
         self._quiet = True
         try:
             self.record.options = [(f"{i} [{labels[i]}]", i) for i in ids]
-            self.record.value = ids[0] if ids else None
+            verdicts = self.records.set_index("id")["verdict"]
+            # open on the first record with something to see (an exact record has no hunks)
+            self.record.value = next((i for i in ids if verdicts[i] != "exact"), ids[0] if ids else None)
         finally:
             self._quiet = False
         self._select()
@@ -233,6 +257,13 @@ class DiffInspector:
 
     # -- view
 
+    def snapshot_html(self) -> str:
+        """The current view as static HTML: the filters and record as text, then the hunk table and chips."""
+        state = (f"dataset <b>{html.escape(str(self.dataset.value))}</b> · verdict <b>{html.escape(str(self.verdict_filter.value))}</b>"
+                 f" · subclass <b>{html.escape(str(self.subclass_filter.value))}</b> · {len(self.filtered_ids)} records"
+                 f" · {html.escape(self.position.value)}")
+        return f"<p>{state}</p>{self.html.value}"
+
     def _render(self) -> None:
         v = self.record_verdict
         if v is None:
@@ -260,7 +291,8 @@ class TokenizerPlayground:
     def __init__(self, tok: Tokenizer, text: str = "", ids: str = "") -> None:
         self.tok = tok
         self.text = W.Textarea(value=text, description="text", layout=W.Layout(width="90%", height="80px"))
-        self.allow_special = W.Checkbox(value=True, description="special-token spellings become specials")
+        self.allow_special = W.Checkbox(value=True, description="special-token spellings become specials",
+                                        indent=False, layout=W.Layout(width="auto"))
         self.ids = W.Textarea(value=ids, description="IDs", placeholder="paste IDs to compare: 1, 2, 3 or [1, 2, 3]",
                               layout=W.Layout(width="90%", height="60px"))
         self.html = W.HTML()
@@ -268,8 +300,15 @@ class TokenizerPlayground:
         self.encoded: list[int] = []
         for w in (self.text, self.allow_special, self.ids):
             w.observe(lambda _: self._render(), names="value")
-        self.widget = W.VBox([self.text, self.allow_special, self.ids, self.html])
+        for w, name in ((self.text, "text"), (self.allow_special, "allow-special"), (self.ids, "ids"), (self.html, "view")):
+            w.add_class(f"ke-playground-{name}")  # stable hooks for browser tests
+        self.widget = SnapshotBox([self.text, self.allow_special, self.ids, self.html], snapshot=self.snapshot_html)
         self._render()
+
+    def snapshot_html(self) -> str:
+        """The current view as static HTML: the text and pasted IDs as written, then the chips and comparison."""
+        ids = f"<p>pasted IDs: <code>{html.escape(self.ids.value)}</code></p>" if self.ids.value.strip() else ""
+        return f"<pre>{html.escape(self.text.value)}</pre>{ids}{self.html.value}"
 
     def _render(self) -> None:
         tok = self.tok
@@ -283,11 +322,61 @@ class TokenizerPlayground:
             if pasted:
                 self.record_verdict = classify(tok, pasted, self.encoded)
         except (ValueError, AlignError) as e:
-            out.append(f'<p style="color:#d32f2f">IDs: {html.escape(str(e))}</p>')
+            message = re.sub(r"^a\[(\d+)\] = ", r"position \1: ", str(e))  # the aligner calls the pasted side "a"
+            prefix = "" if message.lower().startswith(("ids", "pasted")) else "pasted IDs: "
+            out.append(f'<p style="color:#d32f2f">{prefix}{html.escape(message)}</p>')
         if self.record_verdict is not None:
             v = self.record_verdict
             out.append(f"<p>pasted IDs (top) against the text's encoding (bottom): <b>{v.verdict}</b>"
                        f"{' (' + ', '.join(v.subclasses) + ')' if v.subclasses else ''}, {len(v.hunks)} hunks, "
                        f"token delta {v.token_delta:+d}</p>")
-            out.append(aligned_html(tok, v, 0 if v.hunks else None, context=-1))
+            out.append(aligned_html(tok, v, 0 if v.hunks else None, context=-1,
+                                    top="pasted IDs", bottom="the text's encoding"))
         self.html.value = "".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# completion parser playground
+
+
+class CompletionPlayground:
+    """Paste a completion's engine IDs, see the API message a Kimi server returns for them
+    (:func:`kimi_eagle.reconstruct.parse.parse_completion`): reasoning, content, tool calls, finish reason, flags."""
+
+    def __init__(self, tok: Tokenizer, ids: str = "", format_name: str = "kimi-k2.5") -> None:
+        from ..reconstruct.parse import PARSE_FORMATS
+
+        self.tok = tok
+        self.ids = W.Textarea(value=ids, description="IDs", placeholder="completion IDs: 1, 2, 3 or [1, 2, 3]",
+                              layout=W.Layout(width="90%", height="80px"))
+        self.format = W.Dropdown(options=list(PARSE_FORMATS), value=format_name, description="format")
+        self.strip = W.Checkbox(value=False, description="strip whitespace as the servers do")
+        self.html = W.HTML()
+        self.parsed: Any = None
+        for w in (self.ids, self.format, self.strip):
+            w.observe(lambda _: self._render(), names="value")
+        self.widget = W.VBox([self.ids, W.HBox([self.format, self.strip]), self.html])
+        self._render()
+
+    def _render(self) -> None:
+        from ..reconstruct.parse import parse_completion
+
+        self.parsed = None
+        try:
+            pasted = parse_ids(self.ids.value)
+            bad = next((i for i in pasted if not 0 <= i < self.tok.n_vocab), None)
+            if bad is not None:
+                raise ValueError(f"{bad} is outside the vocabulary")
+        except ValueError as e:
+            self.html.value = f'<p style="color:#d32f2f">IDs: {html.escape(str(e))}</p>'
+            return
+        if not pasted:
+            self.html.value = "<p>paste the IDs of a completion (what the engine generated after the prompt)</p>"
+            return
+        self.parsed = parse_completion(pasted, self.tok, format_name=self.format.value, strip=self.strip.value)
+        p = self.parsed
+        self.html.value = "".join([
+            f"<p>{len(pasted)} tokens &rarr; finish_reason <b>{html.escape(p.finish_reason)}</b>"
+            f"{', flags ' + html.escape(', '.join(p.flags)) if p.flags else ''}</p>",
+            CHIP_CSS, '<div class="ke-chips">' + _chips(self.tok, pasted, 0, self.tok.special_ids) + "</div>",
+            "<pre>" + html.escape(json.dumps(p.message(), ensure_ascii=False, indent=1)) + "</pre>"])

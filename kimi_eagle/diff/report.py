@@ -3,6 +3,11 @@
 Rates come with Wilson 95% intervals. When the diff carries expected labels (from
 ``kimi-eagle simulate``), the summary and the report include the confusion table and each class's
 precision and recall.
+
+Every output says whether its numbers come from **simulated** data (a labelled benchmark whose
+mismatch rates are set by how many effects were injected) or **real** engine/API pairs: the report's
+header, every chart title and ``summary.json["data"]``. Charts are drawn on
+:class:`matplotlib.figure.Figure` objects, so importing this module never touches pyplot's backend.
 """
 from __future__ import annotations
 
@@ -11,18 +16,29 @@ import base64
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib.pyplot as plt
+import textwrap
+
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
 from ..io import atomic_path, write_text
 from .classify import LABELS, SUBCLASSES, VERDICTS
 from .run import STATUSES, DiffResult, read_diff
 
+if TYPE_CHECKING:
+    from ..tokenize.tokenizer import Tokenizer
+
 Z95 = 1.959963984540054
 VERDICT_COLORS = {"exact": "#388e3c", "bpe_split": "#1976d2", "semantic": "#d32f2f"}
+DATA_KINDS = ("simulated", "real")
+DATA_NOTES = {
+    "simulated": "SIMULATED data: a labelled benchmark with injected effects; its rates measure the classifier, "
+                 "not how often real reconstructions differ (they are set by how many effects were injected).",
+    "real": "REAL data: engine token IDs against IDs reconstructed from the API text for the same generations.",
+}
 CHARTS = ("mismatch_rate_by_dataset", "verdicts", "hunk_sizes", "token_delta", "first_divergence", "billing", "confusion")
 
 
@@ -35,6 +51,11 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def data_kind(records: pd.DataFrame) -> str:
+    """``"simulated"`` when the diff carries expected labels (``kimi-eagle simulate``), else ``"real"``."""
+    return "simulated" if "expected" in records and records["expected"].notna().any() else "real"
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,21 +166,40 @@ def summarize_diff(result: DiffResult) -> dict[str, Any]:
 # charts
 
 
-def _save(fig, path: Path) -> Path:
-    """Write ``fig`` as a PNG to ``path`` (atomically) and close it."""
+def _figure(figsize: tuple[float, float], ncols: int = 1):
+    """A figure detached from pyplot (no backend involved) and its axes."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(1, ncols)
+
+
+def _title(ax, text: str, data: str | None, fontsize: float = 10.5) -> None:
+    """Set ``ax``'s title, prefixed with the data kind, wrapped to the axes' width so it is never clipped."""
+    full = f"[{data.upper()} data] {text}" if data else text
+    fig = ax.figure
+    width_pt = ax.get_position().width * fig.get_figwidth() * 72
+    chars = max(20, int(width_pt / (fontsize * 0.55)))
+    ax.set_title("\n".join(textwrap.wrap(full, chars)), fontsize=fontsize)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as a PNG to ``path`` (atomically)."""
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
     return path
+
+
+def _plain(label: Any) -> str:
+    """``label`` as literal text for matplotlib: ``$`` escaped so that a name like ``$\\frac{$`` is not read as mathtext."""
+    return str(label).replace("$", r"\$")
 
 
 def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes, color="#777")
 
 
-def chart_rates(rates: pd.DataFrame, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rates) + 2), 4.2))
+def chart_rates(rates: pd.DataFrame, data: str | None = None) -> Figure:
+    fig, ax = _figure((max(6.5, 1.6 * len(rates) + 2), 4.4))
     x = np.arange(len(rates))
     for off, what, color in ((-0.2, "mismatch", "#ff8f00"), (0.2, "semantic", "#d32f2f")):
         rate = rates[f"{what}_rate"].fillna(0).to_numpy(dtype=float)
@@ -167,17 +207,18 @@ def chart_rates(rates: pd.DataFrame, path: Path) -> Path:
         bars = ax.bar(x + off, rate, 0.4, yerr=err, capsize=4, color=color,
                       label=f"{what} (not exact)" if what == "mismatch" else "semantic (bytes differ)")
         ax.bar_label(bars, labels=[f"{k}/{n}" for k, n in zip(rates[what], rates["n"])], padding=3, fontsize=8)
-    ax.set_xticks(x, rates["dataset"])
-    ax.set_ylim(0, 1.12)
-    ax.set(title="Records whose reconstruction differs from the engine (Wilson 95% CI)", xlabel="dataset",
-           ylabel="share of ok records")
+    ax.set_xticks(x, [_plain(d) for d in rates["dataset"]])  # dataset names are data, never mathtext
+    ax.set_ylim(0, 1.15)
+    ax.set(xlabel="dataset", ylabel="share of ok records")
+    _title(ax, "Records whose reconstruction differs from the engine (Wilson 95% CI)", data)
     ax.legend(fontsize=8, loc="upper right")
-    return _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
-def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, path: Path) -> Path:
+def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, data: str | None = None) -> Figure:
     ok = _ok(records)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax1, ax2) = _figure((12, 4.4), ncols=2)
     labels = [c for c in LABELS if (ok["label"] == c).any()]
     counts = [int((ok["label"] == c).sum()) for c in labels]
     colors = [VERDICT_COLORS["exact"] if c == "exact" else VERDICT_COLORS["bpe_split"] if c == "bpe_split"
@@ -188,7 +229,8 @@ def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, path: Path) -> Pa
         ax1.margins(x=0.15)
     else:
         _no_data(ax1, "ok records")
-    ax1.set(title=f"Record labels ({len(ok):,} ok records)", xlabel="records", ylabel="label")
+    ax1.set(xlabel="records", ylabel="label")
+    _title(ax1, f"Record labels ({len(ok):,} ok records)", data)
     cls = hunks["subclass"].fillna(hunks["kind"]).value_counts()
     if len(cls):
         bars = ax2.barh(list(cls.index[::-1]), list(cls.values[::-1]),
@@ -197,87 +239,114 @@ def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, path: Path) -> Pa
         ax2.margins(x=0.15)
     else:
         _no_data(ax2, "hunks")
-    ax2.set(title=f"Hunks by class ({len(hunks):,} hunks)", xlabel="hunks", ylabel="split or semantic subclass")
-    return _save(fig, path)
+    ax2.set(xlabel="hunks", ylabel="split or semantic subclass")
+    _title(ax2, f"Hunks by class ({len(hunks):,} hunks)", data)
+    fig.tight_layout()
+    return fig
 
 
-def chart_hunk_sizes(hunks: pd.DataFrame, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4))
+def _side_by_side_hist(ax, groups: list[tuple[str, pd.Series, str]], bins: np.ndarray) -> None:
+    """One histogram per group with bars side by side in each bin (none hidden behind another), counts on top."""
+    groups = [(name, values, color) for name, values, color in groups if len(values)]
+    if not groups:
+        return
+    counts, _, containers = ax.hist([g[1].to_numpy(dtype=float) for g in groups], bins=bins,
+                                    color=[g[2] for g in groups], label=[f"{g[0]} ({len(g[1]):,})" for g in groups])
+    counts = counts if len(groups) > 1 else [counts]
+    containers = containers if len(groups) > 1 else [containers]
+    for c, bars in zip(counts, containers):
+        ax.bar_label(bars, labels=[f"{int(v)}" if v else "" for v in c], fontsize=7, padding=1)
+    ax.legend(fontsize=8)
+    ax.margins(y=0.12)
+
+
+def chart_hunk_sizes(hunks: pd.DataFrame, data: str | None = None) -> Figure:
+    fig, ax = _figure((8.5, 4.2))
     if len(hunks):
         size = np.maximum(hunks["engine_tok_end"] - hunks["engine_tok_start"], hunks["recon_tok_end"] - hunks["recon_tok_start"])
         clipped = np.minimum(size, 30)
-        for kind, color in (("split", "#1976d2"), ("semantic", "#d32f2f")):
-            sel = clipped[hunks["kind"] == kind]
-            if len(sel):
-                counts, _, bars = ax.hist(sel, bins=np.arange(0.5, 31.5), color=color, alpha=0.75,
-                                          label=f"{kind} ({len(sel):,})")
-                ax.bar_label(bars, labels=[f"{int(c)}" if c else "" for c in counts], fontsize=7, padding=1)
-        ax.legend(fontsize=8)
+        _side_by_side_hist(ax, [(kind, clipped[hunks["kind"] == kind], color)
+                                for kind, color in (("split", "#1976d2"), ("semantic", "#d32f2f"))],
+                           np.arange(0.5, 31.5))
     else:
         _no_data(ax, "hunks")
-    ax.set(title="Hunk size (tokens on the longer side; 30 = 30 or more)", xlabel="tokens", ylabel="hunks")
-    return _save(fig, path)
+    ax.set(xlabel="tokens", ylabel="hunks")
+    _title(ax, "Hunk size (tokens on the longer side; 30 = 30 or more)", data)
+    fig.tight_layout()
+    return fig
 
 
-def chart_token_delta(records: pd.DataFrame, path: Path) -> Path:
+def chart_token_delta(records: pd.DataFrame, data: str | None = None) -> Figure:
     ok = _ok(records)
     diff = ok[ok["verdict"] != "exact"]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = _figure((8.5, 4.2))
     if len(diff):
         d = diff["token_delta"].clip(-20, 20)
-        counts, _, bars = ax.hist(d, bins=np.arange(-20.5, 21.5), color="#6a1b9a")
+        counts, _, bars = ax.hist(d, bins=np.arange(-20.5, 21.5), color="#6a1b9a",
+                                  label=f"differing records ({len(diff):,})")
         ax.bar_label(bars, labels=[f"{int(c)}" if c else "" for c in counts], fontsize=7, padding=1)
-    else:
-        _no_data(ax, "differing records")
-    ax.set(title=f"Token-count delta per differing record ({len(diff):,}; reconstructed − engine, clipped ±20)",
-           xlabel="reconstructed tokens − engine tokens", ylabel="records")
-    return _save(fig, path)
-
-
-def chart_first_divergence(records: pd.DataFrame, path: Path) -> Path:
-    ok = _ok(records)
-    diff = ok[ok["first_divergence_frac"].notna()]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    if len(diff):
-        for verdict in ("bpe_split", "semantic"):
-            sel = diff.loc[diff["verdict"] == verdict, "first_divergence_frac"]
-            if len(sel):
-                counts, _, bars = ax.hist(sel, bins=np.linspace(0, 1, 11), alpha=0.7, color=VERDICT_COLORS[verdict],
-                                          label=f"{verdict} ({len(sel):,})")
-                ax.bar_label(bars, labels=[f"{int(c)}" if c else "" for c in counts], fontsize=7, padding=1)
         ax.legend(fontsize=8)
     else:
         _no_data(ax, "differing records")
-    ax.set(title="Where the first difference falls in the engine's completion", xlabel="first differing token / engine tokens",
-           ylabel="records")
-    return _save(fig, path)
+    ax.set(xlabel="reconstructed tokens − engine tokens (clipped at ±20)", ylabel="records")
+    _title(ax, f"Token-count delta per differing record ({len(diff):,} records)", data)
+    fig.tight_layout()
+    return fig
 
 
-def chart_billing(records: pd.DataFrame, path: Path) -> Path:
+def chart_first_divergence(records: pd.DataFrame, data: str | None = None) -> Figure:
+    ok = _ok(records)
+    diff = ok[ok["first_divergence_frac"].notna()]
+    fig, ax = _figure((8.5, 4.2))
+    if len(diff):
+        _side_by_side_hist(ax, [(verdict, diff.loc[diff["verdict"] == verdict, "first_divergence_frac"],
+                                 VERDICT_COLORS[verdict]) for verdict in ("bpe_split", "semantic")],
+                           np.linspace(0, 1, 11))
+    else:
+        _no_data(ax, "differing records")
+    ax.set(xlabel="first differing token / engine tokens", ylabel="records")
+    _title(ax, "Where the first difference falls in the engine's completion", data)
+    fig.tight_layout()
+    return fig
+
+
+LOG_SPAN = 30  # billing scatter: log axes when the largest count exceeds 30x the median
+
+
+def chart_billing(records: pd.DataFrame, data: str | None = None) -> Figure:
     ok = _ok(records)
     b = ok[ok["billed_completion_tokens"].notna()]
-    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    fig, ax = _figure((7, 5.6))
     if len(b):
+        both = pd.concat([b["billed_completion_tokens"], b["n_recon_tokens"]]).astype(float)
+        hi = float(both.max()) * 1.05
+        log = float(both.max()) > LOG_SPAN * max(1.0, float(both.median()))
         for verdict, color in VERDICT_COLORS.items():
             sel = b[b["verdict"] == verdict]
             if len(sel):
                 ax.scatter(sel["billed_completion_tokens"], sel["n_recon_tokens"], s=14, alpha=0.7, color=color,
                            label=f"{verdict} ({len(sel):,})")
-        hi = float(max(b["billed_completion_tokens"].max(), b["n_recon_tokens"].max())) * 1.05
-        ax.plot([0, hi], [0, hi], color="#555", linewidth=0.8, linestyle="--", label="billed = reconstructed")
+        lo = 0.8 if log else 0
+        ax.plot([lo, hi], [lo, hi], color="#555", linewidth=0.8, linestyle="--", label="billed = reconstructed")
+        if log:  # one long record must not squash the rest into a corner
+            ax.set_xscale("log", nonpositive="clip")
+            ax.set_yscale("log", nonpositive="clip")
         ax.legend(fontsize=8)
         n_off = int((b["billing_delta"] != 0).sum())
-        ax.set_title(f"Billed vs reconstructed completion tokens\n({len(b):,} records, {n_off:,} off the diagonal, "
-                     f"{int((b['billing_unexplained'] != 0).sum()):,} not explained by hunks)", fontsize=10)
+        _title(ax, f"Billed vs reconstructed completion tokens ({len(b):,} records, {n_off:,} off the diagonal, "
+                   f"{int((b['billing_unexplained'] != 0).sum()):,} not explained by hunks"
+                   + ("; log axes: counts span " + f"{int(both.min()):,}–{int(both.max()):,}" if log else "") + ")",
+               data)
     else:
         _no_data(ax, "billed records")
-        ax.set_title("Billed vs reconstructed completion tokens")
+        _title(ax, "Billed vs reconstructed completion tokens", data)
     ax.set(xlabel="usage.completion_tokens (billed)", ylabel="reconstructed completion tokens")
-    return _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
-def chart_confusion(table: pd.DataFrame, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(0.75 * len(table.columns) + 3, 0.6 * len(table.index) + 2.5))
+def chart_confusion(table: pd.DataFrame, data: str | None = None) -> Figure:
+    fig, ax = _figure((max(7.0, 0.75 * len(table.columns) + 3), 0.6 * len(table.index) + 2.8))
     values = table.to_numpy()
     ax.imshow(values > 0, cmap="Blues", vmin=0, vmax=1.6)
     for i in range(values.shape[0]):
@@ -285,27 +354,31 @@ def chart_confusion(table: pd.DataFrame, path: Path) -> Path:
             if values[i, j]:
                 ax.text(j, i, str(values[i, j]), ha="center", va="center", fontsize=9,
                         color="#b71c1c" if i != j else "#000")
-    ax.set_xticks(range(len(table.columns)), table.columns, rotation=35, ha="right", fontsize=8)
-    ax.set_yticks(range(len(table.index)), table.index, fontsize=8)
-    ax.set(title=f"Confusion: injected effect's expected label vs diff label ({int(values.sum())} records)",
-           xlabel="label from the diff", ylabel="expected label")
-    return _save(fig, path)
+    ax.set_xticks(range(len(table.columns)), [_plain(c) for c in table.columns], rotation=35, ha="right", fontsize=8)
+    ax.set_yticks(range(len(table.index)), [_plain(i) for i in table.index], fontsize=8)
+    ax.set(xlabel="label from the diff", ylabel="expected label")
+    _title(ax, f"Confusion: injected effect's expected label vs diff label ({int(values.sum())} records)", data)
+    fig.tight_layout()
+    return fig
 
 
-def make_charts(result: DiffResult, out: Path) -> dict[str, Path]:
+def make_charts(result: DiffResult, out: Path, data: str | None = None) -> dict[str, Path]:
+    """Every review chart as a PNG in ``out``; titles say the data kind (``simulated``/``real``, from the
+    records when ``data`` is None)."""
     rec, hunks = result.records, result.hunks
-    charts = {
-        "mismatch_rate_by_dataset": chart_rates(rates_by_dataset(rec), out / "mismatch_rate_by_dataset.png"),
-        "verdicts": chart_verdicts(rec, hunks, out / "verdicts.png"),
-        "hunk_sizes": chart_hunk_sizes(hunks, out / "hunk_sizes.png"),
-        "token_delta": chart_token_delta(rec, out / "token_delta.png"),
-        "first_divergence": chart_first_divergence(rec, out / "first_divergence.png"),
-        "billing": chart_billing(rec, out / "billing.png"),
+    data = data or data_kind(rec)
+    figures = {
+        "mismatch_rate_by_dataset": chart_rates(rates_by_dataset(rec), data),
+        "verdicts": chart_verdicts(rec, hunks, data),
+        "hunk_sizes": chart_hunk_sizes(hunks, data),
+        "token_delta": chart_token_delta(rec, data),
+        "first_divergence": chart_first_divergence(rec, data),
+        "billing": chart_billing(rec, data),
     }
     table = confusion(rec)
     if table is not None:
-        charts["confusion"] = chart_confusion(table, out / "confusion.png")
-    return charts
+        figures["confusion"] = chart_confusion(table, data)
+    return {name: _save(fig, out / f"{name}.png") for name, fig in figures.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,25 +390,44 @@ def _table_html(df: pd.DataFrame, floats: str = "{:.3f}") -> str:
                       float_format=lambda v: floats.format(v), escape=True)
 
 
-def _hunk_examples(hunks: pd.DataFrame, per_class: int = 3) -> pd.DataFrame:
+def token_run_text(ids: Any, raw: Any, tok: "Tokenizer | None" = None, limit: int = 120) -> str:
+    """A hunk side with its token boundaries visible: each token's bytes quoted (``' a' 'n'``) when a tokenizer
+    is given, else the bytes followed by the token IDs (``' an'  [2 tokens: 264, 77]``)."""
+    ids = [int(t) for t in (ids if ids is not None else [])]
+    if tok is not None:
+        text = " ".join(repr(tok.token_bytes(t))[1:] for t in ids) or "∅"
+    else:
+        text = f"{repr(bytes(raw or b''))[1:]}  [{len(ids)} token{'s' if len(ids) != 1 else ''}: {', '.join(map(str, ids))}]"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _hunk_examples(hunks: pd.DataFrame, per_class: int = 3, tok: "Tokenizer | None" = None) -> pd.DataFrame:
+    cols = ["id", "class", "segment", "engine tokens", "reconstructed tokens"]
     if not len(hunks):
-        return pd.DataFrame(columns=["id", "class", "segment", "engine bytes", "reconstructed bytes"])
+        return pd.DataFrame(columns=cols)
     h = hunks.assign(**{"class": hunks["subclass"].fillna(hunks["kind"])})
     ex = h.groupby("class", sort=True).head(per_class)
-    show = lambda b: repr(bytes(b))[2:-1][:80]  # noqa: E731
     return pd.DataFrame({"id": ex["id"], "class": ex["class"], "segment": ex["segment"],
-                         "engine bytes": ex["engine_bytes"].map(show), "reconstructed bytes": ex["recon_bytes"].map(show)})
+                         "engine tokens": [token_run_text(i, b, tok) for i, b in zip(ex["engine_ids"], ex["engine_bytes"])],
+                         "reconstructed tokens": [token_run_text(i, b, tok)
+                                                  for i, b in zip(ex["recon_ids"], ex["recon_bytes"])]},
+                        columns=cols)
 
 
-def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, Path]) -> str:
+def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, Path],
+                tok: "Tokenizer | None" = None) -> str:
     img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
     rates = pd.DataFrame(summary["rates"])
+    data = summary.get("data") or data_kind(result.records)
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>kimi-eagle diff report</title><style>",
+        f"<!doctype html><html><head><meta charset='utf-8'><title>kimi-eagle diff report ({data} data)</title><style>",
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table.t{border-collapse:collapse;font-size:13px}",
         "table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}h2{margin-top:1.6em}",
-        "img{max-width:100%;border:1px solid #eee}</style></head><body>",
-        "<h1>Engine IDs vs reconstructed IDs</h1>",
+        "img{max-width:100%;border:1px solid #eee}.data{padding:8px 12px;border-radius:4px;font-size:15px}",
+        ".data.simulated{background:#fff3e0;border:2px solid #ef6c00}.data.real{background:#e8f5e9;border:2px solid #2e7d32}",
+        "</style></head><body>",
+        f"<h1>Engine IDs vs reconstructed IDs — {data} data</h1>",
+        f"<p class='data {data}'>{DATA_NOTES.get(data, data)}</p>",
         f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["status"].items()) + ".</p>",
         "<h2>Verdicts</h2>",
         _table_html(pd.DataFrame([summary["verdict"]])),
@@ -363,7 +455,11 @@ def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, P
         f"<img alt='hunk sizes' src='data:image/png;base64,{img['hunk_sizes']}'>",
         f"<img alt='token delta' src='data:image/png;base64,{img['token_delta']}'>",
         f"<img alt='first divergence' src='data:image/png;base64,{img['first_divergence']}'>",
-        "<h3>Example hunks</h3>", _table_html(_hunk_examples(result.hunks)),
+        "<h3>Example hunks</h3>",
+        "<p>Each token quoted separately, so a split shows where the boundaries fall "
+        + ("(engine <code>' a' 'n'</code> vs reconstructed <code>' an'</code>).</p>" if tok is not None else
+           "(bytes, then the token IDs; pass a tokenizer to see each token's bytes).</p>"),
+        _table_html(_hunk_examples(result.hunks, tok=tok)),
     ]
     if summary["errors"]:
         parts += ["<h2>Errors (first 20)</h2>", _table_html(pd.DataFrame(summary["errors"]))]
@@ -371,14 +467,23 @@ def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, P
     return "\n".join(parts)
 
 
-def write_report(result: DiffResult, out_dir: str | Path) -> dict[str, Any]:
-    """Write summary.json, the charts and report.html into ``out_dir``; return the summary."""
+def write_report(result: DiffResult, out_dir: str | Path, data: str | None = None,
+                 tok: "Tokenizer | None" = None) -> dict[str, Any]:
+    """Write summary.json, the charts and report.html into ``out_dir``; return the summary.
+
+    ``data`` (``"simulated"`` or ``"real"``; default: :func:`data_kind` of the records) is stated in the
+    summary, the report's header and every chart title. With ``tok`` (the diff's tokenizer) the example-hunk
+    table shows each token's bytes.
+    """
     out = Path(out_dir)
-    summary = summarize_diff(result)
-    charts = make_charts(result, out)
+    data = data or data_kind(result.records)
+    if data not in DATA_KINDS:
+        raise ValueError(f"data must be one of {DATA_KINDS}, not {data!r}")
+    summary = {"data": data, **summarize_diff(result)}
+    charts = make_charts(result, out, data)
     summary["charts"] = {k: p.name for k, p in charts.items()}
     for name, text in (("summary.json", json.dumps(summary, indent=2, default=str)),
-                       ("report.html", render_html(summary, result, charts))):
+                       ("report.html", render_html(summary, result, charts, tok))):
         write_text(out / name, text)
     return summary
 
@@ -390,11 +495,37 @@ def write_report(result: DiffResult, out_dir: str | Path) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("diff_dir", help="output directory of `kimi-eagle diff`")
     p.add_argument("-o", "--out", required=True, help="report directory (summary.json, *.png, report.html)")
+    p.add_argument("--data", choices=DATA_KINDS, default=None,
+                   help="say the numbers come from simulated or real data (default: simulated when the diff has "
+                        "expected labels from `kimi-eagle simulate`, else real)")
+    p.add_argument("--tokenizer", default=None,
+                   help="the diff's tokenizer directory, to show token boundaries in example hunks (default: the "
+                        "bundled Kimi tokenizer when the diff was made with it)")
+
+
+def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer | None":
+    """The tokenizer named by ``--tokenizer``, else the bundled Kimi one when the diff's meta.json names it."""
+    from ..assets import kimi_dir
+    from ..tokenize.tokenizer import load_tokenizer
+
+    if tokenizer:
+        return load_tokenizer(tokenizer)
+    try:
+        meta = json.loads((Path(diff_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if str(meta.get("tokenizer", "")).startswith("kimi:"):
+        try:
+            return load_tokenizer(kimi_dir())
+        except (OSError, ValueError):
+            return None
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = write_report(read_diff(args.diff_dir), args.out)
+    result = read_diff(args.diff_dir)
+    summary = write_report(result, args.out, args.data, _diff_tokenizer(args.diff_dir, args.tokenizer))
     v = summary["verdict"]
-    print(f"{summary['n_records']} records; exact {v['exact']}, bpe_split {v['bpe_split']}, semantic {v['semantic']}; "
+    print(f"{summary['data']} data: {summary['n_records']} records; exact {v['exact']}, bpe_split {v['bpe_split']}, semantic {v['semantic']}; "
           f"{len(summary['charts'])} charts -> {Path(args.out) / 'report.html'}")
     return 0

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..io import atomic_path, read_jsonl, write_json, write_lines
-from ..records import RecordError, parse_engine_record
+from ..records import RecordError, check_id, exit_status, parse_engine_record, printable_id
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
 from .align import AlignError, check_ids
 from .billing import completion_billing, reasoning_billing
@@ -83,9 +83,12 @@ def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
     """Every engine line by id; bad lines and bad records become entries with an ``error``."""
     entries: dict[str, EngineEntry] = {}
     seen: Counter[str] = Counter()
+    unreadable: Counter[int] = Counter()
     for line in read_jsonl(path):
-        if line.error:
-            rid = f"<engine line {line.lineno}>"
+        if line.error:  # unreadable: a synthetic id no real one can take (kimi_eagle.records.RESERVED_ID)
+            unreadable[line.lineno] += 1  # several values on one line: one entry each
+            n = unreadable[line.lineno]
+            rid = f"<engine line {line.lineno}>" if n == 1 else f"<engine line {line.lineno} value {n}>"
             entries[rid] = EngineEntry(rid, line.lineno, error=line.error)
             continue
         raw_id = line.obj.get("id") if isinstance(line.obj, dict) else None
@@ -94,9 +97,13 @@ def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
             entry = EngineEntry(rec.id, line.lineno, rec.output_ids, rec.prompt_ids, rec.finish_reason)
             entry.error = _ids_error(tok, rec.output_ids, "output_ids") or (
                 _ids_error(tok, rec.prompt_ids, "prompt_ids") if rec.prompt_ids is not None else None)
-        except RecordError as e:
-            rid = str(raw_id) if raw_id is not None else f"<engine line {line.lineno}>"
-            entry = EngineEntry(rid, line.lineno, error=f"engine line {line.lineno}: {e}")
+        except Exception as e:  # RecordError, or anything unforeseen: this record's error, never the run's
+            try:
+                rid = check_id(raw_id)
+            except RecordError:
+                rid = f"<engine line {line.lineno}>"
+            reason = str(e) if isinstance(e, RecordError) else f"unexpected {type(e).__name__}: {e}"
+            entry = EngineEntry(rid, line.lineno, error=printable_id(f"engine line {line.lineno}: {reason}"))
         seen[entry.id] += 1
         if seen[entry.id] > 1:
             first = entries[entry.id]
@@ -224,7 +231,11 @@ def diff_rows(tok: Tokenizer, engine: dict[str, EngineEntry], recon_rows: Iterab
         elif eng.error:
             row = _empty_record(rid, "error", eng.error, engine_line=eng.line, **_recon_fields(rec))
         else:
-            row, hunk_rows = diff_record(tok, eng, rec)
+            try:
+                row, hunk_rows = diff_record(tok, eng, rec)
+            except Exception as e:  # a record the checks did not foresee becomes its own error row
+                row, hunk_rows = _empty_record(rid, "error", f"unexpected {type(e).__name__}: {e}", engine_line=eng.line,
+                                               **_recon_fields(rec)), []
             hunks += hunk_rows
         records.append(row)
     for rid, eng in engine.items():
@@ -321,7 +332,8 @@ def read_diff(diff_dir: str | Path) -> DiffResult:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True, help="engine records (JSONL: id + output_ids, SGLang or vLLM shape)")
+    p.add_argument("--engine", required=True, help="engine records (JSONL: id + output_ids, SGLang or vLLM shape); "
+                   "without engine records, validate by billing: `kimi-eagle billing --reconstructed ROWS -o DIR`")
     p.add_argument("--reconstructed", required=True, help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
     p.add_argument("-o", "--out", required=True, help="output directory (records.parquet, hunks.parquet, meta.json)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
@@ -340,4 +352,4 @@ def run(args: argparse.Namespace) -> int:
     counts = result.records["status"].value_counts().to_dict()
     labels = result.records["label"].value_counts().to_dict()
     print(f"{len(result.records)} records ({counts}), {len(result.hunks)} hunks; labels {labels} -> {out}")
-    return 0
+    return exit_status(counts, [e for e, st in zip(result.records["error"], result.records["status"]) if st == "error"])

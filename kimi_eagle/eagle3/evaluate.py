@@ -22,7 +22,7 @@ from ..io import atomic_path, read_jsonl, write_json
 from ..tokenize.tokenizer import HFTokenizer
 from .hidden import load_target
 from .model import load_drafter
-from .speculative import EagleProposer, NgramProposer, Target, generate_target_only, speculative_generate
+from .speculative import CachedTarget, EagleProposer, NgramProposer, Target, generate_target_only, speculative_generate
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -31,8 +31,13 @@ METHOD_LABELS = {"eagle3": "EAGLE-3", "ngram": "n-gram (prompt lookup)"}
 
 
 def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, list[int]]]:
-    """``[(id, prompt_ids)]``; a bad line raises ValueError naming it."""
+    """``[(id, prompt_ids)]``; a bad line raises ValueError naming it. A directory of hidden states (any
+    layout: kit, speculators, SpecForge) gives each row's ids before its first supervised token."""
     path = Path(path)
+    if path.is_dir():
+        from .interop.layouts import prompts_from_hidden
+
+        return prompts_from_hidden(path, target_dir)
     tok = HFTokenizer.from_dir(target_dir)
     bos = _bos_id(target_dir)
     encode = lambda text: ([bos] if bos is not None else []) + tok.encode(text)  # noqa: E731
@@ -68,31 +73,33 @@ def _eos_id(model) -> int | None:
 
 def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]], *,
                      k: int = 4, max_new_tokens: int = 64, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
-                     ngram: bool = True, model=None, drafter=None) -> dict:
+                     ngram: bool = True, model=None, drafter=None, cached: bool = True) -> dict:
     """Acceptance length of each method at each temperature; returns a JSON-able report.
 
     ``report["methods"][method][mode]`` holds ``tau``, ``rounds``, ``accepted``, ``tokens``, timings
     and per-prompt τ; ``mode`` is ``greedy`` (temperature 0, plus ``identical_to_target_greedy``) or
-    ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given) and ``ngram``.
+    ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given) and ``ngram``. ``cached``: verify
+    against a KV-cached target (default) or re-run the whole sequence each round (the reference).
     """
     model = model if model is not None else load_target(target_dir)
     eos = _eos_id(model)
     proposers = []
+    verifier = CachedTarget if cached else Target
     if drafter is None and draft_dir is not None:
         drafter = load_drafter(draft_dir, target_dir)
     if drafter is not None:
         drafter.eval()
-        proposers.append((EagleProposer(drafter), Target(model, drafter.config.aux_layer_ids)))
+        proposers.append((EagleProposer(drafter), verifier(model, drafter.config.aux_layer_ids)))
     if ngram:
-        proposers.append((NgramProposer(model.config.vocab_size), Target(model)))
+        proposers.append((NgramProposer(model.config.vocab_size), verifier(model)))
     references = {pid: generate_target_only(model, ids, max_new_tokens, 0.0, eos) for pid, ids in prompts} if 0.0 in temperatures else {}
-    report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "methods": {}}
+    report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "kv_cache": cached, "methods": {}}
     for proposer, target in proposers:
         per_method = {}
         for temperature in temperatures:
             g = torch.Generator().manual_seed(seed)
             accepted = rounds = tokens = identical = 0
-            taus, seconds = [], 0.0
+            taus, seconds, per_accepted, per_rounds = [], 0.0, [], []
             for pid, ids in prompts:
                 r = speculative_generate(target, proposer, ids, max_new_tokens, k, temperature, eos, g)
                 accepted += sum(r.accepted)
@@ -100,18 +107,20 @@ def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, promp
                 tokens += len(r.tokens)
                 seconds += r.seconds
                 taus.append(r.tau)
+                per_accepted.append(sum(r.accepted))
+                per_rounds.append(r.rounds)
                 if temperature == 0.0:
                     identical += r.tokens == references[pid]
             entry = {"tau": round((accepted + rounds) / rounds, 4) if rounds else None, "rounds": rounds,
                      "accepted": accepted, "tokens": tokens, "seconds": round(seconds, 3),
                      "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-                     "per_prompt_tau": [round(t, 3) for t in taus]}
+                     "per_prompt_tau": [round(t, 3) for t in taus], "per_prompt_accepted": per_accepted,
+                     "per_prompt_rounds": per_rounds}
             if temperature == 0.0:
                 entry["identical_to_target_greedy"] = f"{identical}/{len(prompts)}"
             per_method["greedy" if temperature == 0.0 else f"t={temperature:g}"] = entry
         report["methods"][proposer.name] = per_method
-        if target.extractor is not None:
-            target.extractor.close()
+        target.close()
     return report
 
 
@@ -133,21 +142,58 @@ def tau_table(reports: Mapping[str, dict]) -> dict[str, dict]:
     return table
 
 
-def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
-             path: str | Path | None = None) -> "Figure":
-    """Grouped bars of τ per decoding mode, one bar per row of a :func:`tau_table`; also written to
-    ``path`` (PNG, atomically) when given. Returns the figure."""
-    import matplotlib.pyplot as plt
+def tau_intervals(reports: Mapping[str, dict], z: float = 1.96) -> dict[str, dict[str, tuple[float, float]]]:
+    """95% intervals for the τ of :func:`tau_table`, keyed like it: ``{label: {mode: (lo, hi)}}``.
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    Centred on the pooled τ, half-width ``z`` standard errors of the per-prompt τ (``per_prompt_tau``);
+    modes with fewer than two prompts get no interval."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, report in reports.items():
+        for method, per_mode in report["methods"].items():
+            label = f"{METHOD_LABELS['eagle3']} ({name})" if method == "eagle3" else METHOD_LABELS.get(method, method)
+            row = {}
+            for mode, entry in per_mode.items():
+                per = [float(t) for t in entry.get("per_prompt_tau") or []]
+                if len(per) >= 2 and entry.get("tau") is not None:
+                    mean = sum(per) / len(per)
+                    se = (sum((t - mean) ** 2 for t in per) / (len(per) - 1) / len(per)) ** 0.5
+                    row[mode] = (max(1.0, entry["tau"] - z * se), entry["tau"] + z * se)
+            out[label] = row
+    return out
+
+
+def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
+             path: str | Path | None = None, intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+             model: str = "") -> "Figure":
+    """Grouped bars of τ per decoding mode, one bar per row of a :func:`tau_table`, with error bars from
+    ``intervals`` (:func:`tau_intervals`) where given; ``model`` (the target) is named in the title. Also
+    written to ``path`` (PNG, atomically) when given. Returns the figure (not registered with pyplot)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 3.9))
+    ax = fig.subplots()
     width = 0.8 / max(1, len(table))
     for i, (label, row) in enumerate(table.items()):
-        bars = ax.bar([j + width * i for j in range(len(modes))], [row[m] for m in modes], width=width, label=label)
-        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2)
+        heights = [row[m] for m in modes]
+        err = None
+        if intervals and label in intervals:
+            ci = [intervals[label].get(m) for m in modes]
+            err = [[h - c[0] if c else 0.0 for h, c in zip(heights, ci)], [c[1] - h if c else 0.0 for h, c in zip(heights, ci)]]
+        bars = ax.bar([j + width * i for j in range(len(modes))], heights, width=width, label=label, yerr=err,
+                      capsize=3, error_kw={"ecolor": "#333", "elinewidth": 0.9})
+        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2, label_type="center", color="white")
     ax.set_xticks([j + width * (len(table) - 1) / 2 for j in range(len(modes))], list(modes))
     ax.axhline(1, color="#999", linewidth=0.8)
     ax.margins(y=0.12)
-    ax.set(xlabel="decoding", ylabel="acceptance length τ", title=title or "acceptance length τ")
+    heading = title or "acceptance length τ"
+    if model:
+        heading = f"{heading} — target {model}"
+    if intervals:
+        heading += " (error bars: 95% interval over prompts)"
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(heading, 80)), fontsize=10)
+    ax.set(xlabel="decoding", ylabel="acceptance length τ")
     ax.legend(fontsize=8)
     fig.tight_layout()
     if path is not None:

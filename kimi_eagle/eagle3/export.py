@@ -1,4 +1,7 @@
-"""``kimi-eagle export DRAFT --engine sglang|vllm -o OUT``: a drafter as an engine-loadable EAGLE-3 checkpoint.
+"""``kimi-eagle export DRAFT --engine sglang|vllm|speculators -o OUT``: a drafter as an engine-loadable EAGLE-3 checkpoint.
+
+``speculators`` writes a speculators ``Eagle3DraftModel`` checkpoint instead
+(:mod:`kimi_eagle.eagle3.interop.speculators`); the rest of this docstring is the SGLang/vLLM layout.
 
 Writes ``config.json`` (``architectures: ["LlamaForCausalLMEagle3"]``, a one-layer Llama config plus
 ``draft_vocab_size``, ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids`` in
@@ -18,6 +21,7 @@ from ..io import atomic_path, write_json
 from .layers import CONVENTION, ENGINES, engine_layer_ids
 from .model import Eagle3Config, load_drafter
 
+EXPORT_ENGINES = (*ENGINES, "speculators")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -57,14 +61,18 @@ def engine_config(cfg: Eagle3Config, engine: str, dtype: torch.dtype) -> dict:
     }
 
 
-def export_drafter(draft: str | Path, engine: str, out: str | Path, dtype: str = "fp32") -> Path:
+def export_drafter(draft: str | Path, engine: str, out: str | Path, dtype: str = "fp32", verifier: str | None = None) -> Path:
     """Write the engine checkpoint of the drafter at ``draft`` into ``out``; returns ``out``."""
     from safetensors.torch import save_file
 
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
-    model = load_drafter(draft)
+    if engine not in EXPORT_ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: choose from {', '.join(EXPORT_ENGINES)}")
     torch_dtype = DTYPES[dtype]
+    if engine == "speculators":
+        from .interop.speculators import export_speculators
+
+        return export_speculators(draft, out, torch_dtype, verifier=verifier)
+    model = load_drafter(draft)
     out = Path(out)
     state = {}
     for name, tensor in model.state_dict().items():
@@ -80,15 +88,17 @@ def export_drafter(draft: str | Path, engine: str, out: str | Path, dtype: str =
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("draft", help="a drafter directory written by `kimi-eagle train`")
-    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--engine", choices=EXPORT_ENGINES, required=True)
+    p.add_argument("--verifier", help="speculators only: the target's path or hub id, written as its verifier")
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (fp32 reproduces training exactly)")
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_drafter(args.draft, args.engine, args.out, args.dtype)
+    out = export_drafter(args.draft, args.engine, args.out, args.dtype, verifier=getattr(args, "verifier", None))
     cfg = json.loads((out / "config.json").read_text())
+    ids = cfg["eagle_aux_hidden_state_layer_ids"] if args.engine == "speculators" else cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     print(json.dumps({"out": str(out), "engine": args.engine,
-                      "eagle_aux_hidden_state_layer_ids": cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+                      "eagle_aux_hidden_state_layer_ids": ids,
                       "draft_vocab_size": cfg["draft_vocab_size"]}))
     return 0

@@ -7,10 +7,11 @@ differently; :mod:`kimi_eagle.eagle3.layers` holds the conventions and the defau
 
 Storage: a directory of safetensors shards plus ``manifest.json``. Each shard holds, for its rows
 concatenated along tokens: ``input_ids`` int64 [T], ``loss_mask`` uint8 [T], ``aux`` [T, 3H],
-``final`` [T, H] (bf16 or fp16), ``offsets`` int64 [rows + 1] and ``row_index`` int64 [rows]
+``final`` [T, H] (bf16 or fp16; or fp8 — float8_e4m3fn plus ``aux_scale`` [T, 3] and ``final_scale``
+[T, 1], one fp32 absmax scale per token and layer, see :mod:`kimi_eagle.eagle3.quant`), ``offsets`` int64 [rows + 1] and ``row_index`` int64 [rows]
 (the row's position in the input). Shards are written atomically and the manifest after every
 shard, so an interrupted extraction resumes where it stopped. :class:`HiddenStates` reads rows
-through memory-mapped safetensors.
+through memory-mapped safetensors (fp8 shards are dequantized on read).
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ import torch
 from ..assets import sha256_file
 from ..io import read_jsonl, write_bytes, write_json
 from .layers import CONVENTION, check_layer_ids, default_layer_ids
+from .quant import FP8_DTYPE, dequantize_fp8, fp8_bytes_per_token, quantize_hidden
 
 MANIFEST = "manifest.json"
 FORMAT = "kimi-eagle-hidden/1"
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": FP8_DTYPE}
 
 
 # ------------------------------------------------------------------------------------------
@@ -73,9 +75,14 @@ def row_from_obj(obj: Any, index: int) -> Row:
     return Row(rid, [int(i) for i in ids], [1 if m else 0 for m in mask])
 
 
-def load_rows(path: str | Path) -> tuple[list[Row], list[dict]]:
+LITERAL_MARKER_REASON = "flag literal_marker: marker text that may have been special tokens (keep_literal_marker keeps it)"
+
+
+def load_rows(path: str | Path, keep_literal_marker: bool = False) -> tuple[list[Row], list[dict]]:
     """Rows from ``.parquet`` (reconstructed rows) or ``.jsonl``; returns ``(rows, skipped)`` where every
-    unusable record is in ``skipped`` as ``{index, id, reason}``."""
+    unusable record is in ``skipped`` as ``{index, id, reason}``. Rows flagged ``literal_marker`` (text
+    that spells ``</think>``, ``<|im_end|>`` …, which the model may have emitted as special tokens) are
+    skipped unless ``keep_literal_marker``."""
     path = Path(path)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -88,6 +95,8 @@ def load_rows(path: str | Path) -> tuple[list[Row], list[dict]]:
         try:
             if error:
                 raise ValueError(error)
+            if not keep_literal_marker and isinstance(obj, dict) and "literal_marker" in list(obj.get("flags") or ()):
+                raise ValueError(LITERAL_MARKER_REASON)
             rows.append(row_from_obj(obj, index))
         except (ValueError, TypeError) as e:
             rid = obj.get("id") if isinstance(obj, dict) else None
@@ -141,9 +150,11 @@ class Extractor:
         return hook
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None):
+        """``cache``: an HF ``Cache`` the forward extends (positions continue after its length); None = no cache."""
         self._captured.clear()
-        final = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        final = self.base(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
+                          use_cache=cache is not None).last_hidden_state
         aux = torch.cat([self._captured[i] for i in self.layer_ids], dim=-1)
         self._captured.clear()
         return aux, final
@@ -206,7 +217,7 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_i
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).exists()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
     extractor = Extractor(model, ids)
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = torch.float32 if dtype == "fp8" else DTYPES[dtype]  # fp8: quantized per shard below
     n_shards = (len(rows) + shard_rows - 1) // shard_rows
     shard_iter: Iterable[int] = range(n_shards)
     if progress:
@@ -236,6 +247,8 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_i
             "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
             "row_index": torch.arange(start, start + len(chunk), dtype=torch.long),
         }
+        if dtype == "fp8":
+            tensors.update(quantize_hidden(tensors["aux"], tensors["final"], model.config.hidden_size))
         data = save(tensors, metadata={"format": FORMAT})
         write_bytes(out / name, data)
         manifest["shards"].append({
@@ -257,6 +270,10 @@ def _summarise(manifest: dict) -> None:
     manifest["n_tokens"] = n_tokens
     manifest["bytes"] = n_bytes
     manifest["bytes_per_token"] = round(n_bytes / n_tokens, 2) if n_tokens else None
+    h = manifest["hidden_size"]
+    payload = fp8_bytes_per_token(h) if manifest["dtype"] == "fp8" else bytes_per_token(h, DTYPES[manifest["dtype"]].itemsize)
+    manifest["payload_bytes_per_token"] = payload
+    manifest["payload_vs_bf16"] = round(payload / bytes_per_token(h), 4)
     manifest["truncated_rows"] = sum(s["truncated"] for s in manifest["shards"])
     manifest["complete"] = sum(s["rows"][1] - s["rows"][0] for s in manifest["shards"]) == manifest["n_rows"]
 
@@ -294,7 +311,11 @@ class HiddenStates:
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         f, a, b = self._index[i]
         file = self._files[f]
-        return {name: file.get_slice(name)[a:b] for name in ("input_ids", "loss_mask", "aux", "final")}
+        row = {name: file.get_slice(name)[a:b] for name in ("input_ids", "loss_mask", "aux", "final")}
+        if self.manifest["dtype"] == "fp8":
+            row["aux"] = dequantize_fp8(row["aux"], file.get_slice("aux_scale")[a:b])
+            row["final"] = dequantize_fp8(row["final"], file.get_slice("final_scale")[a:b])
+        return row
 
     def lengths(self) -> list[int]:
         return [b - a for _, a, b in self._index]
@@ -306,7 +327,6 @@ class HiddenStates:
         """Files whose sha256 differs from the manifest (empty when all are intact)."""
         return [s["file"] for s in self.manifest["shards"] if sha256_file(self.path / s["file"]) != s["sha256"]]
 
-
 # ------------------------------------------------------------------------------------------
 # command line
 
@@ -316,20 +336,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="rows: reconstructed .parquet, or .jsonl with input_ids/loss_mask or engine records")
     p.add_argument("-o", "--out", required=True, help="output directory (resumes if it holds a partial extraction)")
     p.add_argument("--layers", help="comma-separated 0-based block-output indices (default: EAGLE-3's low/mid/high)")
-    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp8"], default="bf16",
+                   help="fp8: float8_e4m3fn with one fp32 scale per token and layer (about half of bf16's bytes)")
     p.add_argument("--shard-rows", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per forward batch")
+    p.add_argument("--keep-literal-marker", action="store_true",
+                   help="keep rows flagged literal_marker (skipped by default and counted in the manifest)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
 
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    rows, skipped = load_rows(args.data)
+    rows, skipped = load_rows(args.data, keep_literal_marker=args.keep_literal_marker)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     t0 = time.perf_counter()
     m = extract(args.target, rows, args.out, layer_ids=layers, dtype=args.dtype, shard_rows=args.shard_rows,
                 max_tokens=args.max_tokens, skipped=skipped, progress=True)
     print(json.dumps({"out": args.out, "rows": m["n_rows"], "skipped": len(m["skipped"]), "tokens": m["n_tokens"],
                       "layer_ids": m["layer_ids"], "bytes_per_token": m["bytes_per_token"],
+                      "payload_bytes_per_token": m["payload_bytes_per_token"], "payload_vs_bf16": m["payload_vs_bf16"],
                       "seconds": round(time.perf_counter() - t0, 2)}))
     return 0

@@ -71,3 +71,61 @@ def layer_ids_from_engine(engine_ids: Sequence[int]) -> list[int]:
     ids and never need this.
     """
     return [int(j) - 1 for j in engine_ids]
+
+
+# ------------------------------------------------------------------------------------------
+# the trainers' conventions (SpecForge on SGLang, vLLM's speculators)
+
+TRAINERS = ("kimi", "sglang", "specforge", "vllm", "speculators")
+
+
+def trainer_layer_ids(layer_ids: Sequence[int], n_layers: int, trainer: str) -> list[int]:
+    """The aux layer ids a trainer's config takes for the kit's 0-based block outputs ``layer_ids``.
+
+    * ``kimi``: the ids themselves (block outputs).
+    * ``sglang`` / ``specforge``: SpecForge's ``model.aux_hidden_state_layer_ids`` is passed to SGLang,
+      so it follows :func:`engine_layer_ids` ``"sglang"`` (Kimi's 1, 29, 57 are written 1, 29, 57).
+    * ``vllm`` / ``speculators``: capture-before-block ids (``i + 1``: Kimi 2, 30, 58). speculators
+      stores the last layer too, as id ``n_layers`` (see :func:`speculators_layer_ids`).
+    """
+    ids = list(check_layer_ids(layer_ids, n_layers))
+    if trainer == "kimi":
+        return ids
+    if trainer in ("sglang", "specforge"):
+        return engine_layer_ids(ids, "sglang")
+    if trainer in ("vllm", "speculators"):
+        return engine_layer_ids(ids, "vllm")
+    raise ValueError(f"unknown trainer {trainer!r}: choose from {', '.join(TRAINERS)}")
+
+
+def speculators_layer_ids(layer_ids: Sequence[int], n_layers: int) -> list[int]:
+    """The 4 capture-before ids of a speculators hidden-state file: the 3 aux layers, then ``n_layers``
+    (the last block's output before the final norm). Kimi's defaults: ``[2, 30, 58, 61]``."""
+    return trainer_layer_ids(layer_ids, n_layers, "vllm") + [n_layers]
+
+
+def layer_ids_from_trainer(trainer_ids: Sequence[int], n_layers: int, trainer: str) -> list[int]:
+    """0-based block outputs of ids written in ``trainer``'s convention (the inverse of
+    :func:`trainer_layer_ids`; a trailing final-layer id ``n_layers`` is dropped)."""
+    ids = [int(j) for j in trainer_ids]
+    if trainer in ("vllm", "speculators"):
+        if len(ids) == 4 and ids[-1] == n_layers:
+            ids = ids[:3]
+        return list(check_layer_ids([j - 1 for j in ids], n_layers))
+    if trainer in ("sglang", "specforge"):
+        return list(check_layer_ids(ids if ids[0] == 1 else [j - 1 for j in ids], n_layers))
+    if trainer == "kimi":
+        return list(check_layer_ids(ids, n_layers))
+    raise ValueError(f"unknown trainer {trainer!r}: choose from {', '.join(TRAINERS)}")
+
+
+def convention_table(n_layers: int, layer_ids: Sequence[int] | None = None) -> dict[str, list[int]]:
+    """Every convention's ids for one target (default: EAGLE-3's low/mid/high), e.g. for docs and configs."""
+    ids = list(layer_ids) if layer_ids is not None else list(default_layer_ids(n_layers))
+    return {
+        "kimi_block_output": trainer_layer_ids(ids, n_layers, "kimi"),
+        "hf_output_hidden_states_index": [i + 1 for i in ids],
+        "sglang_specforge": trainer_layer_ids(ids, n_layers, "sglang"),
+        "vllm_speculators": trainer_layer_ids(ids, n_layers, "vllm"),
+        "speculators_file_layers": speculators_layer_ids(ids, n_layers),
+    }

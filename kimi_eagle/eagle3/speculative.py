@@ -8,8 +8,10 @@ target's argmax (so the output equals target-only greedy decoding); above 0, dra
 ``norm(max(p - q, 0))``, which leaves the target's distribution unchanged. Every round also yields the
 target's own next token, so the acceptance length is τ = accepted drafts per round + 1.
 
-The target is re-run over the whole sequence each round (no KV cache): simple and exact, and cheap
-for the small CPU targets this measures.
+Two verifiers with the same interface: :class:`CachedTarget` (the default in ``evaluate``) keeps an HF
+``DynamicCache`` of the committed tokens, feeds only the last committed token plus the drafts each round
+and crops the cache back after a rejection; :class:`Target` re-runs the whole sequence each round (the
+uncached reference, kept for the benchmark and as a cross-check). Both give the same greedy output.
 """
 from __future__ import annotations
 
@@ -54,11 +56,16 @@ def generate_target_only(model, prompt_ids: Sequence[int], max_new_tokens: int, 
 
 
 class Target:
-    """The target over a full sequence: ``(logits [T,V], aux [T,3H] or None)``."""
+    """The target over a full sequence: ``(logits [T,V], aux [T,3H] or None)``; no cache.
+
+    As a verifier (:meth:`start`, :meth:`extend`, :meth:`keep`, :attr:`aux`) it re-runs the whole
+    sequence every round.
+    """
 
     def __init__(self, model, layer_ids: Sequence[int] | None = None):
         self.model = model
         self.extractor = Extractor(model, layer_ids) if layer_ids is not None else None
+        self.aux: torch.Tensor | None = None  # features of the committed positions (and maybe more)
 
     @torch.inference_mode()
     def __call__(self, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -67,6 +74,73 @@ class Target:
             return self.model(input_ids=x, use_cache=False).logits[0], None
         aux, final = self.extractor(x)
         return self.model.lm_head(final)[0], aux[0]
+
+    def start(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Prefill: the logits after the prompt [V]."""
+        logits, self.aux = self(prompt_ids)
+        return logits[-1]
+
+    def extend(self, ids: Sequence[int], drafts: Sequence[int]) -> torch.Tensor:
+        """Logits [1 + len(drafts), V] at positions ``len(ids) - 1 ..`` of ``ids + drafts``."""
+        logits, self.aux = self(list(ids) + list(drafts))
+        return logits[len(ids) - 1:]
+
+    def keep(self, n_valid: int) -> None:
+        """The first ``n_valid`` positions of the last sequence are committed (nothing to drop here)."""
+
+    def close(self) -> None:
+        if self.extractor is not None:
+            self.extractor.close()
+
+
+class CachedTarget:
+    """The target as a KV-cached verifier: the same interface and outputs as :class:`Target`.
+
+    Invariant between rounds: the cache holds the committed tokens except the last one (the target's
+    own token, not yet fed), and :attr:`aux` the features of exactly those positions.
+    """
+
+    def __init__(self, model, layer_ids: Sequence[int] | None = None):
+        self.model = model
+        self.extractor = Extractor(model, layer_ids) if layer_ids is not None else None
+        self.cache = None
+        self.aux: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def _forward(self, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = torch.tensor([list(ids)])
+        if self.extractor is None:
+            return self.model(input_ids=x, cache=self.cache, use_cache=True).logits[0], None
+        aux, final = self.extractor(x, cache=self.cache)
+        return self.model.lm_head(final)[0], aux[0]
+
+    def start(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        logits, self.aux = self._forward(prompt_ids)
+        return logits[-1]
+
+    def extend(self, ids: Sequence[int], drafts: Sequence[int]) -> torch.Tensor:
+        n_cached = self.cache.get_seq_length()
+        if n_cached != len(ids) - 1:
+            raise RuntimeError(f"cache holds {n_cached} positions, expected {len(ids) - 1}")
+        logits, new_aux = self._forward([ids[-1], *drafts])
+        if new_aux is not None:
+            self.aux = torch.cat([self.aux, new_aux])
+        return logits
+
+    def keep(self, n_valid: int) -> None:
+        """Drop every cached position from ``n_valid`` on (rejected drafts, and the bonus position)."""
+        excess = self.cache.get_seq_length() - n_valid
+        if excess > 0:
+            self.cache.crop(-excess)  # transformers 5: a negative count of tokens to remove
+        if self.aux is not None:
+            self.aux = self.aux[:n_valid]
+
+    def close(self) -> None:
+        if self.extractor is not None:
+            self.extractor.close()
 
 
 class Proposer(Protocol):
@@ -143,23 +217,22 @@ def verify(p: torch.Tensor, q: torch.Tensor, draft: int, generator: torch.Genera
 
 
 @torch.inference_mode()
-def speculative_generate(target: Target, proposer: Proposer, prompt_ids: Sequence[int], max_new_tokens: int,
-                         k: int = 4, temperature: float = 0.0, eos_id: int | None = None,
+def speculative_generate(target: Target | CachedTarget, proposer: Proposer, prompt_ids: Sequence[int],
+                         max_new_tokens: int, k: int = 4, temperature: float = 0.0, eos_id: int | None = None,
                          generator: torch.Generator | None = None) -> DecodeResult:
     start = time.perf_counter()
     ids = list(prompt_ids)
     n_prompt = len(ids)
-    logits, aux = target(ids)  # prefill: the first token is the target's own
-    ids.append(sample(logits[-1], temperature, generator))
+    ids.append(sample(target.start(ids), temperature, generator))  # prefill: the first token is the target's own
     result = DecodeResult([])
     while len(ids) - n_prompt < max_new_tokens and ids[-1] != eos_id:
         budget = max_new_tokens - (len(ids) - n_prompt) - 1
-        drafts, dists = proposer.propose(ids, aux, min(k, budget), temperature, generator) if budget > 0 else ([], [])
+        drafts, dists = proposer.propose(ids, target.aux, min(k, budget), temperature, generator) if budget > 0 else ([], [])
         n = len(ids)
-        logits, aux = target(ids + drafts)
+        logits = target.extend(ids, drafts)  # logits[j] is the target at position n - 1 + j
         accepted = 0
         for j, (d, q) in enumerate(zip(drafts, dists)):
-            token, ok = verify(probs_from_logits(logits[n - 1 + j], temperature), q, d, generator)
+            token, ok = verify(probs_from_logits(logits[j], temperature), q, d, generator)
             ids.append(token)
             if not ok:
                 break
@@ -168,7 +241,8 @@ def speculative_generate(target: Target, proposer: Proposer, prompt_ids: Sequenc
                 break
         else:
             if not drafts or drafts[-1] != eos_id:
-                ids.append(sample(logits[n - 1 + len(drafts)], temperature, generator))
+                ids.append(sample(logits[len(drafts)], temperature, generator))
+        target.keep(n + accepted)  # the last committed token plus the accepted drafts are valid
         result.accepted.append(accepted)
         result.proposed.append(len(drafts))
     out = ids[n_prompt:]

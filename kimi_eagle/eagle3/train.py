@@ -9,6 +9,9 @@ renormalised, which equals a softmax over the target's logits of the draft token
 token counts and prompt tokens never do. Each step's cross-entropy is summed over supervised
 positions and divided by their number.
 
+``online=True`` (``--online``) reads training rows instead of shards and computes the target's hidden
+states inside each step (:mod:`kimi_eagle.eagle3.online`): nothing is stored, the loss is the same.
+
 Runs single-process or under ``torchrun`` (DDP; gloo on CPU). Checkpoints hold the drafter, optimizer,
 scheduler, RNG states and the data position; ``--resume`` continues exactly where a run stopped.
 """
@@ -19,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -33,7 +37,7 @@ from torch import nn
 
 from ..io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
 from . import draft_vocab
-from .hidden import HiddenStates
+from .interop.layouts import open_hidden_states
 from .model import Eagle3Drafter, shift_left, target_tensor
 
 if TYPE_CHECKING:
@@ -42,7 +46,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class TrainConfig:
-    data: str  # hidden-state directory (kimi-eagle extract)
+    data: str  # hidden-state directory (kimi-eagle extract); with online=True, the rows extract would read
     target: str  # HF target directory (config, embeddings, lm_head)
     out: str
     steps: int = 200
@@ -60,6 +64,8 @@ class TrainConfig:
     resume: bool = False
     stop_after: int | None = None  # stop (with a checkpoint) after this many steps in total: simulates an interruption
     progress: bool = True
+    online: bool = False  # compute the target's hidden states in each step instead of reading shards
+    layer_ids: list[int] | None = None  # online only: aux block-output ids (default: EAGLE-3's)
 
 
 # ------------------------------------------------------------------------------------------
@@ -148,13 +154,17 @@ def batch_indices(n_rows: int, batch_size: int, world: int, rank: int, step: int
 
 
 def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """RNG states in types ``torch.load(weights_only=True)`` reads (numpy's key array as a tensor, no pickled objects)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))}
 
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
 def save_checkpoint(path: Path, drafter, optimizer, scheduler, step: int, cfg: TrainConfig, vocab_report: dict) -> None:
@@ -209,8 +219,15 @@ def train_drafter(cfg: TrainConfig) -> dict:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
 
-    data = HiddenStates(cfg.data)
-    counts = draft_vocab.supervised_counts(((r["input_ids"], r["loss_mask"]) for r in data), data.manifest["vocab_size"])
+    if cfg.online:
+        from .online import OnlineHiddenStates
+
+        data = OnlineHiddenStates(cfg.target, cfg.data, cfg.layer_ids)
+        token_rows = data.token_rows()
+    else:
+        data = open_hidden_states(cfg.data, cfg.target)  # kit shards, speculators or SpecForge files
+        token_rows = data.token_rows() if hasattr(data, "token_rows") else ((r["input_ids"], r["loss_mask"]) for r in data)
+    counts = draft_vocab.supervised_counts(token_rows, data.manifest["vocab_size"])
     vocab = draft_vocab.build(counts, min(cfg.draft_vocab_size, int(counts.numel())))
     target_config = SimpleNamespace(**json.loads((Path(cfg.target) / "config.json").read_text()))  # no transformers import
     lm_head = target_tensor(cfg.target, "lm_head.weight")
@@ -223,7 +240,11 @@ def train_drafter(cfg: TrainConfig) -> dict:
     ckpt_path = out / "checkpoint" / "last.pt"
     step = 0
     if cfg.resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
+        try:  # weights_only: a planted last.pt cannot run code; it is refused with the reason
+            state = torch.load(ckpt_path, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise ValueError(f"{ckpt_path}: refused to load the checkpoint (only tensors and plain data are "
+                             f"accepted): {str(e).splitlines()[0]}") from None
         drafter.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -255,7 +276,7 @@ def train_drafter(cfg: TrainConfig) -> dict:
         while step < end:
             idx = batch_indices(len(data), cfg.batch_size, world, rank, step, cfg.seed)
             seen.extend(idx)
-            batch = collate([data[i] for i in idx])
+            batch = collate(data.batch(idx) if cfg.online else [data[i] for i in idx])
             tokens += int(batch["input_ids"].numel())
             loss, stats = wrapped(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
             optimizer.zero_grad(set_to_none=True)
@@ -284,8 +305,9 @@ def train_drafter(cfg: TrainConfig) -> dict:
         if log is not None:
             log.close()
     seconds = time.perf_counter() - start
-    summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "draft_vocab": vocab.report(),
-               "layer_ids": list(data.layer_ids), "train_tokens_per_s": round(tokens * world / seconds, 1) if seconds else None}
+    summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "online": cfg.online, "draft_vocab": vocab.report(),
+               "layer_ids": list(data.layer_ids), "data_skipped": data.manifest.get("read_skipped_by_reason", {}),
+               "train_tokens_per_s": round(tokens * world / seconds, 1) if seconds else None}
     if distributed:
         write_json(out / f"ddp_rank{rank}.json", {"rank": rank, "world_size": world, "rows": seen,
                                                    "params_sha256": param_digest(drafter)}, indent=None)
@@ -322,10 +344,11 @@ def read_history(path: str | Path) -> list[dict]:
 def plot_history(history: Sequence[dict], path: str | Path | None = None) -> "Figure":
     """Loss and accuracy of every unroll step over one training run; also written to ``path`` (PNG,
     atomically) when given. Returns the figure."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     steps = [h["step"] for h in history]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig = Figure(figsize=(10, 3.6))
+    a1, a2 = fig.subplots(1, 2)
     for k in range(len(history[0]["acc"])):
         a1.plot(steps, [h["step_loss"][k] for h in history], label=f"step {k}", alpha=0.8)
         a2.plot(steps, [h["acc"][k] for h in history], label=f"step {k}", alpha=0.8)
@@ -343,23 +366,27 @@ def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | 
     """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
     per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
     ``train_log.jsonl`` path or its :func:`read_history` entries. Also written to ``path`` (PNG,
-    atomically) when given. Returns the figure."""
-    import matplotlib.pyplot as plt
+    atomically) when given. Returns the figure (not registered with pyplot). The first run is drawn wide and
+    translucent, later runs thin and opaque on top, so a dashed line stays visible where runs coincide."""
+    from matplotlib.figure import Figure
 
-    fig, (a_loss, a_acc) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig = Figure(figsize=(11, 4.2))
+    a_loss, a_acc = fig.subplots(1, 2)
     for i, (name, run) in enumerate(runs.items()):
         history = read_history(run) if isinstance(run, (str, Path)) else list(run)
         style = list(LINE_STYLES)[i % len(LINE_STYLES)]
+        look = {"linewidth": 3.0, "alpha": 0.45, "zorder": 2} if i == 0 else {"linewidth": 1.3, "alpha": 1.0, "zorder": 3 + i}
         steps = [h["step"] for h in history]
-        a_loss.plot(steps, [h["loss"] for h in history], style, label=name)
+        a_loss.plot(steps, [h["loss"] for h in history], style, label=name, **look)
         for k in range(len(history[0]["acc"]) if history else 0):
-            a_acc.plot(steps, [h["acc"][k] for h in history], style, color=f"C{k}", alpha=0.8,
-                       label=f"TTT step {k}" if i == 0 else None)
+            a_acc.plot(steps, [h["acc"][k] for h in history], style, color=f"C{k}",
+                       label=f"TTT step {k}" if i == 0 else None, **look)
     styles = ", ".join(f"{list(LINE_STYLES.values())[i % len(LINE_STYLES)]}: {name}" for i, name in enumerate(runs))
     a_loss.set(title="step-0 soft cross-entropy", xlabel="optimizer step")
-    a_acc.set(title=f"agreement with the target ({styles})", xlabel="optimizer step", ylim=(0, 1))
+    a_acc.set(xlabel="optimizer step", ylim=(0, 1))
+    a_acc.set_title(f"agreement with the target\n({styles})", fontsize=10)
     a_loss.legend()
-    a_acc.legend(fontsize=7)
+    a_acc.legend(fontsize=7, ncols=2)
     fig.tight_layout()
     return _saved(fig, path)
 
@@ -372,9 +399,8 @@ def _saved(fig: "Figure", path: str | Path | None) -> "Figure":
 
 
 def _close(fig: "Figure") -> None:
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    """Release a figure made here (it is not registered with pyplot, so nothing else holds it)."""
+    fig.clear()
 
 
 # ------------------------------------------------------------------------------------------
@@ -383,7 +409,9 @@ def _close(fig: "Figure") -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig("", "", "")
-    p.add_argument("--data", required=True, help="hidden-state directory from `kimi-eagle extract`")
+    p.add_argument("--data", required=True, help="hidden-state directory from `kimi-eagle extract` (with --online: the rows, as for extract)")
+    p.add_argument("--online", action="store_true", help="run the target in each step instead of reading stored hidden states")
+    p.add_argument("--layers", help="with --online: comma-separated aux block-output ids (default: EAGLE-3's low/mid/high)")
     p.add_argument("--target", required=True, help="HF target model directory")
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--steps", type=int, default=d.steps)
@@ -407,7 +435,8 @@ def run(args: argparse.Namespace) -> int:
         data=args.data, target=args.target, out=args.out, steps=args.steps, ttt_steps=args.ttt_steps,
         step_weight=args.step_weight, batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size,
         seed=args.seed, save_every=args.save_every, log_every=args.log_every, resume=args.resume,
-        stop_after=args.stop_after, progress=not args.no_progress,
+        stop_after=args.stop_after, progress=not args.no_progress, online=args.online,
+        layer_ids=[int(x) for x in args.layers.split(",")] if args.layers else None,
     )
     summary = train_drafter(cfg)
     if int(os.environ.get("RANK", "0")) == 0:

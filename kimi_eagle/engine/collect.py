@@ -31,6 +31,7 @@ import asyncio
 import email.utils
 import hashlib
 import json
+import math
 import os
 import random
 import sys
@@ -65,6 +66,30 @@ class CollectConfig:
     retry_errors: bool = False  # also redo stored permanent errors
     limit: int | None = None  # only the first N prompts
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse settings that would hang (no workers), never send (no attempts) or wait forever, before any work."""
+        def whole(name: str, value: Any, low: int) -> None:
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+        def number(name: str, value: Any, positive: bool) -> None:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or value < 0 or (positive and value == 0):
+                raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+
+        whole("concurrency", self.concurrency, 1)
+        whole("max_attempts", self.max_attempts, 1)
+        if self.limit is not None:
+            whole("limit", self.limit, 1)
+        number("timeout", self.timeout, True)
+        number("backoff_base", self.backoff_base, False)
+        number("backoff_max", self.backoff_max, False)
+        number("max_retry_after", self.max_retry_after, False)
+        if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
+        if not isinstance(self.defaults, dict):
+            raise ValueError("defaults (request fields for every prompt) must be a JSON object")
 
 
 @dataclass
@@ -223,8 +248,29 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
 
 
 def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``[REDACTED]``."""
-    return text.replace(secret, REDACTED) if secret else text
+    """``text`` with every occurrence of ``secret`` (as is, and as JSON writes it) replaced by ``[REDACTED]``."""
+    if not secret:
+        return text
+    for form in {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}:
+        text = text.replace(form, REDACTED)
+    return text
+
+
+def redact_value(value: Any, secret: str | None) -> Any:
+    """``value`` (JSON-like: dicts, lists, strings, numbers) with ``secret`` redacted from every string and key."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return redact(value, secret)
+    if isinstance(value, dict):
+        return {redact_value(k, secret): redact_value(v, secret) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v, secret) for v in value]
+    return value
+
+
+class CollectError(RuntimeError):
+    """An unexpected failure inside the collector, its message redacted (the original had the key in it)."""
 
 
 # ---- the collector
@@ -361,6 +407,8 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
     from tqdm.auto import tqdm
 
     output = Path(output_path)
+    if output.exists() and not output.is_file():
+        raise ValueError(f"{output}: the output must be a file (it is a directory or something else)")
     t0 = time.perf_counter()
     prompts = load_prompts(prompts_path, config.model, config.defaults, config.limit)
     done, dropped = scan_output(output, config.retry_errors)
@@ -385,15 +433,25 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
     summary = {"prompts": len(prompts), "already_done": len(prompts) - len(todo), "requested": len(todo),
                "dropped_on_resume": dropped, "stale_records": stale, **collector.counts, "aborted": collector.abort,
                "seconds": round(seconds, 3), "totals": summarize_output(output)}
-    write_text(output.with_name(output.name + ".summary.json"), redact(json.dumps(summary, indent=2), api_key))
+    summary = redact_value(summary, api_key)  # an upstream's error body may echo the Authorization header
+    write_text(output.with_name(output.name + ".summary.json"), json.dumps(summary, indent=2))
     return summary
 
 
 def collect(prompts_path: str | Path, output_path: str | Path, config: CollectConfig,
             api_key: str | None = None) -> dict[str, Any]:
-    """Blocking ``collect_async``; works inside a running event loop too (e.g. a notebook)."""
+    """Blocking ``collect_async``; works inside a running event loop too (e.g. a notebook). The key never leaves in
+    the return value or in an exception's message (both redacted)."""
     api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-    coro = collect_async(prompts_path, output_path, config, api_key)
+    try:
+        return _collect_blocking(collect_async(prompts_path, output_path, config, api_key))
+    except Exception as e:
+        if api_key and (api_key in str(e) or api_key in repr(e.args)):
+            raise CollectError(f"{type(e).__name__}: {redact(str(e), api_key)}") from None
+        raise
+
+
+def _collect_blocking(coro: Any) -> dict[str, Any]:
     try:
         asyncio.get_running_loop()
     except RuntimeError:

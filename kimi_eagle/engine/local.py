@@ -45,6 +45,30 @@ class EngineError(ValueError):
     """A request the engine cannot serve (prompt too long, bad parameters); the message says why."""
 
 
+class TemplateRefused(EngineError):
+    """The model folder's chat template failed or tried something the sandbox forbids (the server's fault, not the client's)."""
+
+
+def sandboxed_template(source: str) -> Any:
+    """``source`` compiled by ``jinja2.sandbox.ImmutableSandboxedEnvironment`` with the options transformers renders
+    chat templates with (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_exception``, ``tojson``)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters. ``temperature == 0`` is greedy; ``seed=None`` draws a fresh seed (recorded)."""
@@ -55,13 +79,16 @@ class SamplingParams:
     max_tokens: int | None = None  # None: up to the model's context length
 
     def validate(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100):
+        if not (isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+                and 0 <= self.temperature <= 100):
             raise EngineError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+        if not (isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1):
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)):
-            raise EngineError(f"seed must be an integer, got {self.seed!r}")
-        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                          and 0 <= self.seed < 2**63):
+            raise EngineError(f"seed must be an integer in [0, 2**63), got {self.seed!r}"[:200])
+        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
+                                                and self.max_tokens >= 1):
             raise EngineError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
 
 
@@ -146,6 +173,7 @@ class Engine:
         self.eos_ids = list(eos_ids)
         self.bos_id = bos_id
         self.context_length = context_length
+        self.precision = "float32"  # set by from_dir; see kimi_eagle.engine.precision
         template = getattr(tok, "chat_template", None)
         self.chat_format = chat_format_name(chat_format) if chat_format else "hf-template" if template else "plain"
         if self.chat_format not in CHAT_FORMATS:
@@ -153,16 +181,23 @@ class Engine:
         if self.chat_format == "hf-template" and not template:
             raise EngineError(f"{name}: the tokenizer has no chat template; use the plain format")
         self._lock = threading.Lock()
+        self._compiled_template: Any = None
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5.x renamed it
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, chat_format: str | None = None, name: str | None = None,
-                 threads: int | None = None, stop_ids: Sequence[int] | None = None) -> "Engine":
-        """Load ``model_dir`` (weights + ``tokenizer.json``) on the CPU in float32.
+                 threads: int | None = None, stop_ids: Sequence[int] | None = None,
+                 precision: str = "float32") -> "Engine":
+        """Load ``model_dir`` (weights + ``tokenizer.json``) on the CPU in float32, then convert it to ``precision``
+        (kimi_eagle.engine.precision: ``float32``, ``bfloat16``, ``float16``, or ``int8`` weight quantization).
 
         ``stop_ids`` replaces the config's ``eos_token_id`` as the tokens that end a generation.
         """
+        from .precision import PRECISIONS, apply_precision
+
+        if precision not in PRECISIONS:
+            raise EngineError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -175,15 +210,17 @@ class Engine:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         config = AutoConfig.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = apply_precision(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), precision)
         tok = load_tokenizer(model_dir)
         eos = config.eos_token_id
         eos_ids = list(stop_ids) if stop_ids else [eos] if isinstance(eos, int) else list(eos or [])
         if not eos_ids and isinstance(tok, HFTokenizer):
             eos_ids = [i for i, text in tok.special_text_by_id.items() if text in STOP_TOKEN_TEXTS]
         context = getattr(config, "max_position_embeddings", None)
-        return cls(model, tok, name or default_model_name(model_dir), chat_format, eos_ids,
-                   config.bos_token_id, context)
+        engine = cls(model, tok, name or default_model_name(model_dir), chat_format, eos_ids,
+                     config.bos_token_id, context)
+        engine.precision = precision
+        return engine
 
     # ---- prompts
 
@@ -196,10 +233,23 @@ class Engine:
         import jinja2
 
         config = getattr(self.tok, "config", {})
-        text = jinja2.Environment().from_string(self.tok.chat_template).render(
-            messages=messages, add_generation_prompt=True,
-            bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")))
+        try:
+            text = self._template().render(
+                messages=messages, add_generation_prompt=True,
+                bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")))
+        except (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as e:
+            # SecurityError (a TemplateError): the template reached for unsafe attributes or mutated its input;
+            # OverflowError: a sandboxed range() too large; the others: a template that fails on these messages
+            raise TemplateRefused(f"chat template of {self.name}: {type(e).__name__}: {e}"[:500]) from None
         return self.tok.encode(text, allow_special=True)  # the template's special spellings become their IDs
+
+    def _template(self) -> Any:
+        """The tokenizer's chat template compiled once in jinja2's immutable sandbox (a template comes from a
+        model folder, i.e. from anyone: attribute access to ``__globals__``, ``__subclasses__`` and the like,
+        and mutating the messages, raise ``SecurityError`` instead of running)."""
+        if self._compiled_template is None:
+            self._compiled_template = sandboxed_template(self.tok.chat_template)
+        return self._compiled_template
 
     def text_prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """A ``/v1/completions`` prompt: a string (BOS prepended) or a list of token IDs as given."""

@@ -15,3 +15,17 @@ def story_prompts(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """``n`` prompt lines for the local stories260K model: story openers in turn, each line with its own ``seed``."""
     return [{"id": f"story-{i:05d}", "dataset": "stories", "prompt": STORY_OPENERS[i % len(STORY_OPENERS)],
              "seed": seed * 1_000_003 + i} for i in range(n)]
+
+
+STORY_SUBJECTS = ("a little girl", "a big dog", "a boy named Tom", "a small bird", "a happy cat", "a kind old man")
+
+
+def distinct_story_prompts(n: int) -> list[dict[str, Any]]:
+    """``n`` *distinct* prompt lines (up to ``len(STORY_SUBJECTS) * len(STORY_OPENERS)``): a subject sentence, then an
+    opener — for greedy audits, where a repeated prompt would only repeat its completion."""
+    limit = len(STORY_SUBJECTS) * len(STORY_OPENERS)
+    if not 0 <= n <= limit:
+        raise ValueError(f"n must be in [0, {limit}], got {n}")
+    return [{"id": f"audit-{i:03d}", "dataset": "stories",
+             "prompt": f"Once upon a time, there was {STORY_SUBJECTS[i % len(STORY_SUBJECTS)]}. "
+                       f"{STORY_OPENERS[(i // len(STORY_SUBJECTS)) % len(STORY_OPENERS)]}"} for i in range(n)]

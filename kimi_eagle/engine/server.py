@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from .faults import Fault, FaultConfig, FaultInjector
-from .local import CHAT_FORMAT_ALIASES, CHAT_FORMATS, Engine, EngineError, Generation, SamplingParams, engine_record
+from .local import (CHAT_FORMAT_ALIASES, CHAT_FORMATS, Engine, EngineError, Generation, SamplingParams, TemplateRefused,
+                    engine_record)
+from .precision import PRECISIONS, parse_provider_table
 from ..io import JsonlAppender, read_jsonl, write_json
 
 DEFAULT_PROVIDER = "kimi-eagle-local"
@@ -66,32 +68,57 @@ def _sampling(body: dict[str, Any]) -> SamplingParams:
     return sp
 
 
-def _check_routing(body: dict[str, Any], provider: str) -> None:
-    """OpenRouter provider routing, as far as one provider can honour it (404 when it is excluded)."""
+def _names(prefs: dict[str, Any], key: str) -> list[str]:
+    value = prefs.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RequestError(400, f"provider.{key} must be a list of provider names (strings)")
+    return [v.lower() for v in value]
+
+
+def route_provider(body: dict[str, Any], providers: list[str]) -> str:
+    """The provider (of ``providers``, in table order) that serves ``body`` under OpenRouter's provider routing:
+    ``only`` / ``ignore`` filter, ``order`` is tried first, and with ``allow_fallbacks: false`` nothing outside
+    ``order`` is used. None left: OpenRouter's 404 "No endpoints found"."""
     prefs = body.get("provider")
     if prefs is None:
-        return
+        return providers[0]
     if not isinstance(prefs, dict):
         raise RequestError(400, "provider must be an object")
-    name = provider.lower()
-    only = [str(p).lower() for p in prefs.get("only") or []]
-    ignore = [str(p).lower() for p in prefs.get("ignore") or []]
-    order = [str(p).lower() for p in prefs.get("order") or []]
-    excluded = (only and name not in only) or name in ignore
-    excluded = excluded or (order and name not in order and prefs.get("allow_fallbacks") is False)
-    if excluded:
+    only, ignore, order = _names(prefs, "only"), _names(prefs, "ignore"), _names(prefs, "order")
+    fallbacks = prefs.get("allow_fallbacks", True)
+    if not isinstance(fallbacks, bool):
+        raise RequestError(400, "provider.allow_fallbacks must be a boolean")
+    candidates = [p for p in providers if (not only or p.lower() in only) and p.lower() not in ignore]
+    ordered = sorted((p for p in candidates if p.lower() in order), key=lambda p: order.index(p.lower()))
+    rest = [p for p in candidates if p not in ordered] if (fallbacks or not order) else []
+    chosen = ordered + rest
+    if not chosen:
         raise RequestError(404, "No endpoints found matching your provider preferences")
+    return chosen[0]
+
+
+def _check_routing(body: dict[str, Any], provider: str) -> None:
+    """OpenRouter provider routing for a single provider (404 when the preferences exclude it)."""
+    route_provider(body, [provider])
 
 
 class App:
     """The ASGI application: routes, fault injection, generation in a worker thread, record logging."""
 
     def __init__(self, engine: Engine, records: str | Path, faults: FaultConfig | None = None,
-                 provider: str = DEFAULT_PROVIDER, admin: bool = False, api_key: str | None = None) -> None:
+                 provider: str = DEFAULT_PROVIDER, admin: bool = False, api_key: str | None = None,
+                 more_providers: dict[str, Engine] | None = None) -> None:
+        """``engine`` is served as ``provider``; ``more_providers`` (name -> engine of the same model, e.g. at another
+        precision) makes a provider table that requests choose from with OpenRouter's ``provider`` routing."""
         from starlette.applications import Starlette
         from starlette.routing import Route
 
         self.engine = engine
+        self.providers: dict[str, Engine] = {provider: engine, **(more_providers or {})}
+        if any(e.name != engine.name for e in self.providers.values()):
+            raise ValueError("every provider of one server serves the same model name")
         self.log = JsonlAppender(records)  # engine records, one complete flushed line each
         self.faults = FaultInjector(faults)
         self.provider = provider
@@ -106,16 +133,30 @@ class App:
         if admin:
             routes += [Route("/admin/faults", self.admin_faults, methods=["GET", "POST"]),
                        Route("/admin/stats", self.admin_stats, methods=["GET"])]
-        self.app = Starlette(routes=routes)
+        self.app = Starlette(routes=routes, exception_handlers={Exception: _internal_error})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.app(scope, receive, send)
+
+    def _unauthorized(self, request: Any) -> Any:
+        """A 401 JSON reply when a key is required and the request lacks it (else None); compared in constant time."""
+        import hmac
+
+        from starlette.responses import JSONResponse
+
+        if not self._api_key:
+            return None
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        if hmac.compare_digest(given, f"Bearer {self._api_key}".encode()):
+            return None
+        return JSONResponse(_error_body(401, "No auth credentials found"), status_code=401)
 
     # ---- informational routes
 
     def model_card(self) -> dict[str, Any]:
         e = self.engine
         return {"id": e.name, "object": "model", "owned_by": self.provider, "chat_format": e.chat_format,
+                "providers": {name: eng.precision for name, eng in self.providers.items()},
                 "context_length": e.context_length, "bos_token_id": e.bos_id, "eos_token_ids": e.eos_ids,
                 "chat_format_description": ("BOS + the concatenated message contents, no template"
                                             if e.chat_format == "plain" else "the tokenizer's chat template")}
@@ -133,9 +174,17 @@ class App:
     async def admin_faults(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         if request.method == "POST":
             try:
-                self.faults.configure(FaultConfig.from_dict(await request.json()))
+                payload = await _json_body(request)
+                if not isinstance(payload, dict):
+                    raise RequestError(400, "the fault configuration must be a JSON object")
+                self.faults.configure(FaultConfig.from_dict(payload))
+            except RequestError as e:
+                return JSONResponse(_error_body(e.status, str(e)), status_code=e.status)
             except (ValueError, TypeError) as e:
                 return JSONResponse(_error_body(400, str(e)), status_code=400)
         return JSONResponse(self.faults.config.to_dict())
@@ -143,6 +192,9 @@ class App:
     async def admin_stats(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         return JSONResponse({**self.stats, "faults": dict(self.faults.counts)})
 
     # ---- generation routes
@@ -158,8 +210,9 @@ class App:
         from starlette.responses import JSONResponse
 
         self.stats["requests"] += 1
-        if self._api_key and request.headers.get("authorization") != f"Bearer {self._api_key}":
-            return JSONResponse(_error_body(401, "No auth credentials found"), status_code=401)
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         fault = self.faults.draw()
         if fault.slow:
             await asyncio.sleep(self.faults.config.slow_seconds)
@@ -172,34 +225,45 @@ class App:
                 headers["Retry-After"] = _seconds(self.faults.config.retry_after)
             return JSONResponse(_error_body(status, message), status_code=status, headers=headers)
         try:
-            body = await request.json()
+            body = await _json_body(request)
             if not isinstance(body, dict):
                 raise RequestError(400, "request body must be a JSON object")
             if body.get("model") != self.engine.name:
-                raise RequestError(400, f"{body.get('model')!r} is not a valid model ID (this server has {self.engine.name!r})")
-            _check_routing(body, self.provider)
+                model = body.get("model")
+                shown = repr(model)[:100] if isinstance(model, str) else f"a {type(model).__name__}"
+                raise RequestError(400, f"{shown} is not a valid model ID (this server has {self.engine.name!r})")
+            provider = route_provider(body, list(self.providers))
+            engine = self.providers[provider]
             sampling = _sampling(body)
             if chat:
-                prompt_ids = self.engine.prompt_ids(body.get("messages"))
+                _check_text(body.get("messages"), "messages")
+                prompt_ids = engine.prompt_ids(body.get("messages"))
             else:
-                prompt_ids = self.engine.text_prompt_ids(body.get("prompt"))
-            gen = await run_in_threadpool(self.engine.generate, prompt_ids, sampling)
+                _check_text(body.get("prompt"), "prompt")
+                prompt_ids = engine.text_prompt_ids(body.get("prompt"))
+            gen = await run_in_threadpool(engine.generate, prompt_ids, sampling)
         except RequestError as e:
             self.stats["errors"] += 1
             return JSONResponse(_error_body(e.status, str(e)), status_code=e.status, headers=headers)
-        except (EngineError, ValueError) as e:  # ValueError: a body that is not JSON
+        except TemplateRefused as e:  # the model folder's template, not the request, is at fault
             self.stats["errors"] += 1
-            return JSONResponse(_error_body(400, str(e)), status_code=400, headers=headers)
-        response = self._response(gen, chat)
+            return JSONResponse(_error_body(500, str(e)), status_code=500, headers=headers)
+        except (EngineError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+            # anything else a request's content can provoke is the request's fault: a JSON 400, never a traceback
+            self.stats["errors"] += 1
+            return JSONResponse(_error_body(400, f"invalid request: {type(e).__name__}: {e}"[:500]), status_code=400,
+                                headers=headers)
+        response = self._response(gen, chat, provider, engine)
         if fault.kind in ("truncate", "drop"):
             return _BrokenResponse(response, fault, headers)
-        self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, self.engine.name,
-                                      self.engine.chat_format, response_id=response["id"]))
+        self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, engine.name,
+                                      engine.chat_format, response_id=response["id"], provider=provider,
+                                      precision=engine.precision))
         self.stats["delivered"] += 1
         return JSONResponse(response, headers=headers)
 
-    def _response(self, gen: Generation, chat: bool) -> dict[str, Any]:
-        text = self.engine.text(gen)
+    def _response(self, gen: Generation, chat: bool, provider: str, engine: Engine) -> dict[str, Any]:
+        text = engine.text(gen)
         n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
         if chat:
             choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
@@ -209,14 +273,79 @@ class App:
                       "index": 0, "text": text}
         return {
             "id": f"gen-{uuid.uuid4().hex}",
-            "provider": self.provider,
-            "model": self.engine.name,
+            "provider": provider,
+            "model": engine.name,
             "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()),
             "choices": [choice],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
                       "cost": 0, "completion_tokens_details": {"reasoning_tokens": 0}},
         }
+
+
+MAX_JSON_DEPTH = 64  # far deeper than any chat request; a 5,000-deep body is refused before parsing
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``raw`` (JSON text) nests arrays/objects deeper than ``limit``, brackets inside strings ignored.
+    A linear scan, so a hostile body cannot make the parser recurse."""
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+async def _json_body(request: Any) -> Any:
+    """The request body parsed as JSON, or a ``RequestError`` (400/413) saying why not."""
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    if json_depth_exceeds(raw):
+        raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RequestError(400, f"request body is not JSON: {e}"[:300]) from None
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Every string in ``value`` must be encodable as UTF-8 (a lone surrogate such as ``"\\ud800"`` is refused with a
+    400, never turned into U+FFFD or a crash)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(400, f"{where}: text is not valid Unicode ({e.reason} at index {e.start})") from None
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+async def _internal_error(request: Any, exc: Exception) -> Any:
+    """An unforeseen failure is a JSON 500 naming the exception type; the traceback goes to the server's log only."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(_error_body(500, f"internal error ({type(exc).__name__})"), status_code=500)
 
 
 def _seconds(value: float) -> str:
@@ -272,6 +401,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
                    help="default: hf-template (the tokenizer's own chat template) if it has one, else plain")
     p.add_argument("--provider-name", default=DEFAULT_PROVIDER, help="the `provider` field of responses")
+    p.add_argument("--precision", "--dtype", dest="precision", choices=PRECISIONS, default="float32",
+                   help="serve the model cast to this dtype, or with int8 weight quantization of its Linear layers")
+    p.add_argument("--providers", metavar="NAME=PRECISION,...",
+                   help="serve a provider table instead of one provider, e.g. fp32=float32,bf16=bfloat16,int8=int8: "
+                        "requests pick one with OpenRouter routing (provider.only / order), the first is the default")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")
     p.add_argument("--ready-file", help="write {base_url, port, pid} here once listening")
@@ -303,12 +437,14 @@ def run(args: argparse.Namespace) -> int:
 
     faults = fault_config(args)
     stop_ids = [int(i) for i in args.stop_ids.split(",")] if args.stop_ids else None
-    engine = Engine.from_dir(args.model, args.chat_format, args.served_model_name, threads=args.threads,
-                             stop_ids=stop_ids)
+    table = parse_provider_table(args.providers) if args.providers else {args.provider_name: args.precision}
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not api_key:
         raise ValueError(f"--api-key-env {args.api_key_env}: that variable is not set")
-    app = App(engine, args.records, faults, args.provider_name, args.admin, api_key)
+    engines = {name: Engine.from_dir(args.model, args.chat_format, args.served_model_name, threads=args.threads,
+                                     stop_ids=stop_ids, precision=precision) for name, precision in table.items()}
+    (first, engine), *rest = engines.items()
+    app = App(engine, args.records, faults, first, args.admin, api_key, more_providers=dict(rest))
     # proto IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections (else Nagle adds ~40 ms per reply)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -317,7 +453,8 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     base_url = f"http://{host}:{port}/v1"
     print(f"kimi-eagle serve: model {engine.name!r}, chat format {engine.chat_format!r}"
-          f" ({app.model_card()['chat_format_description']}), engine records -> {args.records}", file=sys.stderr)
+          f" ({app.model_card()['chat_format_description']}), providers {table}, engine records -> {args.records}",
+          file=sys.stderr)
     print(f"kimi-eagle serve: faults {faults.to_dict() if faults.enabled else 'off'}; listening on {base_url}",
           file=sys.stderr, flush=True)
     if args.ready_file:
@@ -347,6 +484,10 @@ class LocalServer:
         self.log_path = Path(log) if log else None
         self.env = {**os.environ, **env} if env else None
         self.proc: subprocess.Popen | None = None
+        self.api_key = None  # the admin routes need the key when the server requires one
+        if "--api-key-env" in self.extra_args:
+            name = self.extra_args[self.extra_args.index("--api-key-env") + 1]
+            self.api_key = (self.env or os.environ).get(name)
         self.base_url = ""
         self.pid = 0
 
@@ -399,7 +540,9 @@ class LocalServer:
         import httpx
 
         url = self.base_url.rsplit("/v1", 1)[0] + path
-        r = httpx.post(url, json=payload, timeout=10) if payload is not None else httpx.get(url, timeout=10)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        r = (httpx.post(url, json=payload, headers=headers, timeout=10) if payload is not None
+             else httpx.get(url, headers=headers, timeout=10))
         r.raise_for_status()
         return r.json()
 

@@ -10,18 +10,23 @@ messages[:j], "tools"?}, "response": <chat.completion with that turn>}``. Tool c
 model writes itself, ``functions.{name}:{idx}`` (idx counted over the conversation), and tool results
 point at them. History assistant messages carry their reasoning as ``reasoning_content``.
 A conversation that cannot be converted yields one record with an ``error`` field instead, so no
-input is lost: ``kimi-eagle reconstruct`` turns it into an error row.
+input is lost: ``kimi-eagle reconstruct`` turns it into an error row. Input is read by
+:mod:`kimi_eagle.io` (universal newlines, UTF-8 only, nesting limit); a JSON array file is read item by
+item, so one bad item is one error record.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from ..assets import data_path
-from ..io import atomic_path
+from ..io import MAX_DEPTH, UTF8_BOM, atomic_path, check_encoding, json_depth, loads_checked, read_jsonl
+from ..records import exit_status, positive_int
 
 SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai")
 MODEL = "moonshotai/kimi-k2.5"
@@ -32,22 +37,73 @@ class ConvertError(ValueError):
 
 
 def read_items(path: str | os.PathLike) -> Iterator[tuple[int, Any, str | None]]:
-    """``(index, item, error)`` for a JSON array file or a JSONL file (error set for bad lines)."""
+    """``(index, item, error)`` for a JSON array file or a JSONL file (error set for bad lines or items).
+
+    A file that is not UTF-8 at all (UTF-16/32) raises ``EncodingRefused``; anything else wrong is per item.
+    """
+    check_encoding(path)
     with open(path, "rb") as f:
-        data = f.read()
-    if data.lstrip()[:1] == b"[":
-        for i, item in enumerate(json.loads(data)):
-            yield i, item, None
+        head = f.read(4096)
+    if head.removeprefix(UTF8_BOM).lstrip()[:1] == b"[":
+        with open(path, "rb") as f:
+            data = f.read().removeprefix(UTF8_BOM)
+        for i, (item, error) in enumerate(_array_items(data)):
+            yield i, item, error
         return
-    i = 0
-    for lineno, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
+    for i, line in enumerate(read_jsonl(path)):
+        yield i, line.obj if line.error is None else None, line.error
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')
+_RAW_BYTE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by surrogateescape
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """Where the JSON value (well-formed or not) starting at ``start`` ends: the ``,`` or ``]`` after it at depth 0."""
+    depth = 0
+    for m in _TOKEN.finditer(text, start):
+        t = m.group()
+        if t in "[{":
+            depth += 1
+        elif t in "]}":
+            if depth == 0:
+                return m.start()
+            depth -= 1
+        elif t == "," and depth == 0:
+            return m.start()
+    return None
+
+
+def _array_items(data: bytes) -> Iterator[tuple[Any, str | None]]:
+    """``(item, error)`` for each item of a JSON array, read one item at a time (a bad item is its own error)."""
+    text = data.decode("utf-8", "surrogateescape")
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+    i = ws.match(text, text.index("[") + 1).end()
+    k, error = 0, None
+    while i < len(text) and text[i] != "]":
+        start = i
         try:
-            yield i, json.loads(raw), None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            yield i, None, f"line {lineno}: not JSON ({e})"
-        i += 1
+            item, i = decoder.raw_decode(text, start)
+            bad = _RAW_BYTE.search(text, start, i)
+            error = (f"item {k}: invalid UTF-8 at character {bad.start() - start} of the item" if bad
+                     else f"item {k}: nested more than {MAX_DEPTH} levels deep" if json_depth(item) > MAX_DEPTH else None)
+        except RecursionError:
+            end = _value_end(text, start)
+            item, error, i = None, f"item {k}: nested more than {MAX_DEPTH} levels deep", end if end is not None else len(text)
+        except ValueError as e:
+            end = _value_end(text, start)
+            item, error, i = None, f"item {k}: not JSON ({e})", end if end is not None else len(text)
+        yield (None if error else item), error
+        k += 1
+        i = ws.match(text, i).end()
+        if i < len(text) and text[i] == ",":
+            i = ws.match(text, i + 1).end()
+        elif i < len(text) and text[i] != "]":
+            yield None, f"item {k}: expected ',' or ']' at character {i}; the rest of the file cannot be read"
+            return
+    if i >= len(text) and error is None:
+        yield None, f"item {k}: the array is not closed (a truncated file?)"
 
 
 def api_record(rid: str, dataset: str, messages: list[dict], tools: list | None, message: dict) -> dict:
@@ -117,7 +173,7 @@ def _tools(value: Any) -> list | None:
     """A ``tools`` field (JSON string or list) as OpenAI tools (``{"type": "function", "function": ...}``)."""
     if value in (None, "", "[]"):
         return None
-    tools = json.loads(value) if isinstance(value, str) else value
+    tools = loads_checked(value) if isinstance(value, str) else value
     if not isinstance(tools, list):
         raise ConvertError("tools is not a list")
     return [t if isinstance(t, dict) and t.get("type") == "function" and "function" in t
@@ -126,8 +182,8 @@ def _tools(value: Any) -> list | None:
 
 def _call_json(value: str) -> tuple[str, Any]:
     try:
-        call = json.loads(value)
-    except json.JSONDecodeError as e:
+        call = loads_checked(value)
+    except ValueError as e:
         raise ConvertError(f"tool call is not JSON ({e})") from None
     if not isinstance(call, dict) or "name" not in call:
         raise ConvertError("tool call has no name")
@@ -170,8 +226,8 @@ def _tool_results(conv: _Conversation, text: str) -> None:
     """A reason-tool-use tool message: one result, or a JSON list with one result per pending call."""
     n = len(conv.pending)
     try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
+        parsed = loads_checked(text)
+    except ValueError:
         parsed = None
     if n > 1 and isinstance(parsed, list) and len(parsed) == n and all(isinstance(r, dict) and "content" in r for r in parsed):
         for r in parsed:
@@ -239,7 +295,8 @@ def _convert(source_name: str, in_path: str | os.PathLike | None) -> Iterator[tu
         raise FileNotFoundError(f"input not found: {path}")
     fn = _CONVERTERS[source_name]
     for index, item, error in read_items(path):
-        conv_id = str(item.get("id", index)) if isinstance(item, dict) else str(index)
+        raw_id = item.get("id") if isinstance(item, dict) else None
+        conv_id = str(raw_id) if isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) else str(index)
         if error is not None:
             yield index, {"id": f"{source_name}:{conv_id}", "dataset": source_name, "error": error}
             continue
@@ -250,16 +307,37 @@ def _convert(source_name: str, in_path: str | os.PathLike | None) -> Iterator[tu
             conv.tools = _tools(item.get("tools"))
             for record in fn(conv, item):
                 yield index, record
-        except (ConvertError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-            reason = f"{type(e).__name__}: {e}" if not isinstance(e, ConvertError) else str(e)
+        except Exception as e:  # one conversation must never stop the file
+            reason = _reason(e, source_name)
             yield index, {"id": f"{source_name}:{conv_id}:{len(conv.messages)}", "dataset": source_name,
                           "error": f"conversation {conv_id}: {reason}"}
+
+
+def _reason(e: Exception, source_name: str) -> str:
+    """A readable reason for a conversation that failed (a missing field hints at the wrong ``--from``)."""
+    if isinstance(e, ConvertError):
+        return str(e)
+    if isinstance(e, KeyError):
+        return f"missing field {e.args[0]!r} (is this a {source_name} file? check --from)"
+    if isinstance(e, RecursionError):
+        return f"nested more than {MAX_DEPTH} levels deep"
+    return f"{type(e).__name__}: {e}"
 
 
 def convert_file(source_name: str, in_path: str | os.PathLike | None, out_path: str | os.PathLike,
                  limit: int | None = None) -> int:
     """Write ``convert`` to JSONL atomically; ``limit`` keeps the first N conversations. Returns records written."""
-    n = 0
+    return _convert_file(source_name, in_path, out_path, limit)[0]
+
+
+def _convert_file(source_name: str, in_path: str | os.PathLike | None, out_path: str | os.PathLike,
+                  limit: int | None = None) -> tuple[int, list[str]]:
+    """``convert_file`` that also returns the error of every error record."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive integer, not {limit!r}")
+    if Path(out_path).is_dir():
+        raise ValueError(f"output {out_path} is a folder; give the path of the JSONL file to write")
+    n, errors = 0, []
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for index, record in _convert(source_name, in_path):
             if limit is not None and index >= limit:
@@ -267,17 +345,19 @@ def convert_file(source_name: str, in_path: str | os.PathLike | None, out_path: 
             # ensure_ascii keeps lone surrogates in the source as \\uXXXX escapes, for reconstruct to reject
             f.write(json.dumps(record) + "\n")
             n += 1
-    return n
+            if "error" in record:
+                errors.append(record["error"])
+    return n, errors
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", nargs="?", help="dataset file (default: the bundled dataset for --from)")
     p.add_argument("--from", dest="source", required=True, choices=SOURCES)
     p.add_argument("-o", "--output", required=True, help="output JSONL of API records")
-    p.add_argument("--limit", type=int, default=None, help="convert only the first N conversations")
+    p.add_argument("--limit", type=positive_int, default=None, help="convert only the first N conversations")
 
 
 def run(args: argparse.Namespace) -> int:
-    n = convert_file(args.source, args.input, args.output, args.limit)
-    print(f"{args.output}: {n} API records from {args.source}")
-    return 0
+    n, errors = _convert_file(args.source, args.input, args.output, args.limit)
+    print(f"{args.output}: {n} API records from {args.source}" + (f", {len(errors)} of them errors" if errors else ""))
+    return exit_status({"ok": n - len(errors), "error": len(errors)}, errors)

@@ -23,7 +23,9 @@ from .completion import (
     Piece,
     Segment,
     Turn,
+    choose_tool_id,
     content,
+    history_tool_ids,
     kimi_completion,
     special,
     tojson,
@@ -188,7 +190,8 @@ class KimiK25:
 
     def completion_segments(self, turn: Turn, messages: Sequence[Message],
                             options: CompletionOptions) -> tuple[list[Segment], list[str]]:
-        return kimi_completion(turn, count_tool_calls(messages), options, thinking=self.thinking)
+        return kimi_completion(turn, count_tool_calls(messages), options, thinking=self.thinking,
+                               history_ids=history_tool_ids(messages) if turn.tool_calls else ())
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,7 +262,8 @@ class KimiK2Thinking:
 
     def completion_segments(self, turn: Turn, messages: Sequence[Message],
                             options: CompletionOptions) -> tuple[list[Segment], list[str]]:
-        return kimi_completion(turn, count_tool_calls(messages), options, thinking=True, think_begin=True)
+        return kimi_completion(turn, count_tool_calls(messages), options, thinking=True, think_begin=True,
+                               history_ids=history_tool_ids(messages) if turn.tool_calls else ())
 
 
 @dataclass
@@ -295,7 +299,8 @@ class KimiK2Instruct:
 
     def completion_segments(self, turn: Turn, messages: Sequence[Message],
                             options: CompletionOptions) -> tuple[list[Segment], list[str]]:
-        return kimi_completion(turn, count_tool_calls(messages), options, thinking=False)
+        return kimi_completion(turn, count_tool_calls(messages), options, thinking=False,
+                               history_ids=history_tool_ids(messages) if turn.tool_calls else ())
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,7 +437,8 @@ class HFTemplateFormat:
             msg["reasoning_content"] = turn.reasoning
         first = count_tool_calls(messages)
         if turn.tool_calls:
-            msg["tool_calls"] = [{"id": c.id if options.keep_tool_ids and c.id else f"functions.{c.name}:{first + k}",
+            history = history_tool_ids(messages)
+            msg["tool_calls"] = [{"id": choose_tool_id(c, first + k, options.tool_id_policy, history),
                                   "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                  for k, c in enumerate(turn.tool_calls)]
         prompt = self._render(messages, None, True)

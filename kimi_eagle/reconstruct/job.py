@@ -5,10 +5,15 @@ with worker processes. Records are cut into shards of ``shard_size`` records; ea
 atomically to ``OUT.parts/``; ``resume`` skips finished shards; the final parquet is written
 atomically and holds exactly one row per input record (``status`` ``ok`` or ``error`` with the
 reason), in input order. ``read_rows`` reads it back.
+
+Arguments are checked before any work (positive sizes, an output path that is not a folder, a
+loadable tokenizer, a UTF-8 input); one run at a time per output (``.OUT.lock``, released by the OS
+however the run ends); the resume manifest holds the SHA-256 of the whole input, streamed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -18,11 +23,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from .completion import CompletionOptions
+from .completion import TOOL_ID_POLICIES, CompletionOptions
 from .encoder import PieceEncoder
 from .formats import FORMATS, TOOL_DECLARATIONS, get_format
-from .record import ReconstructOptions, reconstruct_line
-from ..io import atomic_path, write_json
+from .record import ReconstructOptions, error_row, reconstruct_line
+from ..assets import kimi_dir
+from ..io import UTF8_BOM, atomic_path, check_encoding, iter_raw_lines, write_json
+from ..records import EXIT_NOTHING_PROCESSED, exit_status, positive_int
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -41,7 +48,7 @@ def _schema():
         ("n_prompt_tokens", pa.int64()), ("n_completion_tokens", pa.int64()), ("segments", pa.list_(seg)),
         ("flags", pa.list_(pa.string())), ("finish_reason", pa.string()),
         ("billed_completion_tokens", pa.int64()), ("billed_reasoning_tokens", pa.int64()),
-        ("provider", pa.string()), ("line", pa.int64()),
+        ("provider", pa.string()), ("usage_error", pa.string()), ("line", pa.int64()),
     ])
 
 
@@ -67,10 +74,41 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow.parquet as pq
 
     schema = _schema()
+    try:
+        table = _table(rows, schema)
+    except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError):
+        table = _table([_storable_row(r, schema) for r in rows], schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, use_dictionary=False)
+
+
+def _table(rows: list[dict[str, Any]], schema: "Any") -> "Any":
+    import pyarrow as pa
+
     columns = {f.name: _int_lists([r[f.name] for r in rows]) if f.name in ID_COLUMNS
                else pa.array([r[f.name] for r in rows], type=f.type) for f in schema}
-    with atomic_path(path) as tmp:
-        pq.write_table(pa.table(columns, schema=schema), tmp, use_dictionary=False)
+    return pa.table(columns, schema=schema)
+
+
+def _storable_row(row: dict[str, Any], schema: "Any") -> dict[str, Any]:
+    """``row`` if parquet can hold it, else the error row of its record naming why (a value the checks missed)."""
+    import pyarrow as pa
+
+    try:
+        _table([row], schema)
+        return row
+    except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError) as e:
+        bad = error_row(str(row.get("id")), f"cannot store the row: {type(e).__name__}: {e}", str(row.get("format")))
+        bad.id = bad.id if _table_ok(bad, schema) else f"<line {row.get('line')}>"
+        return {**bad.to_dict(), "line": row.get("line")}
+
+
+def _table_ok(row: Any, schema: "Any") -> bool:
+    try:
+        _table([{**row.to_dict(), "line": 0}], schema)
+        return True
+    except Exception:
+        return False
 
 
 def read_rows(path: str | os.PathLike) -> "Any":
@@ -84,26 +122,41 @@ def read_rows(path: str | os.PathLike) -> "Any":
 # Batch
 
 
-def _shard_starts(path: Path, shard_size: int) -> tuple[int, list[tuple[int, int]]]:
-    """Count the records and find where each shard starts: ``(n_records, [(byte offset, line number)])``."""
+class _HashingReader:
+    """A binary file whose every byte read is also fed to a SHA-256 (one pass counts lines and hashes)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.sha.update(data)
+        return data
+
+
+def _shard_starts(path: Path, shard_size: int) -> tuple[int, list[tuple[int, int]], str]:
+    """Count the non-blank lines, find where each shard starts and hash the whole file, in one streamed pass:
+    ``(n_lines, [(byte offset, line number)], sha256)``. Lines end at LF, CRLF or CR."""
     starts: list[tuple[int, int]] = []
-    n = offset = 0
+    n = 0
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if raw.strip():
+        reader = _HashingReader(f)
+        for lineno, (offset, raw) in enumerate(iter_raw_lines(reader), 1):
+            if raw.strip() and not (lineno == 1 and raw == UTF8_BOM):
                 if n % shard_size == 0:
                     starts.append((offset, lineno))
                 n += 1
-            offset += len(raw)
-    return n, starts
+    return n, starts, reader.sha.hexdigest()
 
 
 def _read_shard(path: Path, offset: int, lineno: int, shard_size: int) -> list[tuple[int, bytes]]:
-    """The ``shard_size`` records from ``offset`` (workers read their own lines: nothing big is pickled)."""
+    """The ``shard_size`` non-blank lines from ``offset`` (workers read their own lines: nothing big is pickled)."""
     lines: list[tuple[int, bytes]] = []
     with open(path, "rb") as f:
         f.seek(offset)
-        for raw in f:
+        for _, raw in iter_raw_lines(f, offset):
+            if lineno == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
             if raw.strip():
                 lines.append((lineno, raw))
                 if len(lines) == shard_size:
@@ -126,26 +179,28 @@ def _run_shard(job: tuple[int, str, int, int, int]) -> tuple[int, int]:
     k, path, offset, lineno, shard_size = job
     lines = _read_shard(Path(path), offset, lineno, shard_size)
     tok, encoder, fmt, options = _W["tok"], _W["encoder"], _W["fmt"], _W["options"]
-    rows = [reconstruct_line(raw, lineno, tok, fmt, options, encoder) for lineno, raw in lines]
+    rows = [row for lineno, raw in lines for row in reconstruct_line(raw, lineno, tok, fmt, options, encoder)]
     write_rows(rows, _W["parts"] / f"shard-{k:06d}.parquet")
     return k, len(rows)
 
 
-def _manifest(in_path: Path, tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions,
-              shard_size: int) -> dict:
-    st = in_path.stat()
-    with open(in_path, "rb") as f:
-        head = hashlib.sha256(f.read(1 << 20)).hexdigest()
-    return {"input": str(in_path.resolve()), "size": st.st_size, "head_sha256": head, "tokenizer": str(Path(tokenizer_dir).resolve()),
+def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, tool_declaration: str,
+              options: CompletionOptions, shard_size: int) -> dict:
+    return {"input": str(in_path.resolve()), "size": in_path.stat().st_size, "sha256": sha256,
+            "tokenizer": str(Path(tokenizer_dir).resolve()),
             "format": format_name, "tool_declaration": tool_declaration, "options": asdict(options), "shard_size": shard_size}
 
 
 def _mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
-    """Turn every repeat of an id in ``first`` (id -> line, updated) into an error row."""
+    """The first *valid* record of an id wins: every later ``ok`` row whose id is in ``first`` (id -> line of
+    the first ok row, updated) becomes an error row naming that line. Error rows never claim an id."""
     import pyarrow as pa
 
     dups = set()
-    for k, (rid, lineno) in enumerate(zip(table.column("id").to_pylist(), table.column("line").to_pylist())):
+    columns = (table.column(c).to_pylist() for c in ("id", "line", "status"))
+    for k, (rid, lineno, status) in enumerate(zip(*columns)):
+        if status != "ok":
+            continue
         if rid in first:
             dups.add(k)
         else:
@@ -174,14 +229,17 @@ class _Merger:
         self.writer = pq.ParquetWriter(path, _schema(), use_dictionary=False)
         self.first: dict[str, int] = {}
         self.counts: dict[str, int] = {}
+        self.errors: list[str] = []
 
     def add(self, k: int) -> None:
         import pyarrow.parquet as pq
 
         table = _mark_duplicates(pq.read_table(self.parts / f"shard-{k:06d}.parquet", schema=_schema()), self.first)
         self.writer.write_table(table)
-        for status in table.column("status").to_pylist():
+        for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
             self.counts[status] = self.counts.get(status, 0) + 1
+            if error:
+                self.errors.append(error)
 
     def __enter__(self) -> "_Merger":
         return self
@@ -190,14 +248,59 @@ class _Merger:
         self.writer.close()
 
 
+class NothingToProcess(ValueError):
+    """The input holds no record at all (empty, or only blank lines)."""
+
+
+class StatusCounts(dict):
+    """``{status: rows}`` of a finished run (compares equal to a plain dict); ``errors`` holds every error reason."""
+
+    def __init__(self, counts: dict[str, int], errors: list[str]) -> None:
+        super().__init__(counts)
+        self.errors = errors
+
+
+def check_arguments(in_path: Path, out_path: Path, format_name: str, workers: int, shard_size: int) -> None:
+    """Refuse bad arguments before any work: ValueError/FileNotFoundError naming the argument."""
+    if not in_path.is_file():
+        raise FileNotFoundError(f"input not found: {in_path}")
+    if format_name not in FORMATS:
+        raise ValueError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, not {workers!r}")
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+        raise ValueError(f"shard size must be a positive integer, not {shard_size!r}")
+    if out_path.is_dir():
+        raise ValueError(f"output {out_path} is a folder; give the path of the parquet file to write")
+    if out_path.resolve() == in_path.resolve():
+        raise ValueError(f"output {out_path} is the input file")
+    check_encoding(in_path)
+
+
+@contextlib.contextmanager
+def output_lock(out_path: Path) -> Iterator[None]:
+    """Hold ``.OUT.lock`` beside the output (released by the OS however the run ends): one run per output."""
+    import fcntl
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path.with_name(f".{out_path.name}.lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{out_path} is being written by another run; wait for it or choose another output") from None
+        yield
+
+
 def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
                      format_name: str, workers: int = 1, resume: bool = False,
                      options: CompletionOptions = ReconstructOptions(), shard_size: int = 256,
                      progress: bool = True, tool_declaration: str = "json",
-                     tokenizer: Tokenizer | None = None) -> dict[str, int]:
+                     tokenizer: Tokenizer | None = None) -> StatusCounts:
     """Reconstruct every record of ``in_path`` into ``out_path`` (parquet); returns status counts.
 
-    Exactly one row per non-blank input line, in input order. Shards go to ``OUT.parts/`` (atomic
+    Exactly one row per input record, in input order (a record is a non-blank line; a line holding
+    several JSON values gives one error row per value). Arguments are checked and the tokenizer
+    loaded before any work; a second run on the same output is refused while one runs. Shards go to ``OUT.parts/`` (atomic
     writes); with ``resume`` the finished shards of an interrupted run with the same input and
     settings are kept, so a killed run resumed equals an uninterrupted one. Finished shards are
     streamed into the output in order while workers go on; the output appears atomically at the end.
@@ -206,15 +309,23 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     from tqdm import tqdm
 
     in_path, out_path = Path(in_path), Path(out_path)
-    if not in_path.is_file():
-        raise FileNotFoundError(f"input not found: {in_path}")
-    if format_name not in FORMATS:
-        raise ValueError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
-    n_lines, starts = _shard_starts(in_path, shard_size)
+    check_arguments(in_path, out_path, format_name, workers, shard_size)
+    tok = tokenizer or load_tokenizer(tokenizer_dir)
+    with output_lock(out_path):
+        return _reconstruct_locked(in_path, out_path, tokenizer_dir, format_name, workers, resume, options, shard_size,
+                                   progress, tool_declaration, tok)
+
+
+def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.PathLike, format_name: str, workers: int,
+                        resume: bool, options: CompletionOptions, shard_size: int, progress: bool,
+                        tool_declaration: str, tok: Tokenizer) -> StatusCounts:
+    from tqdm import tqdm
+
+    n_lines, starts, sha256 = _shard_starts(in_path, shard_size)
     if n_lines == 0:
-        raise ValueError(f"{in_path} is empty: no records to reconstruct")
+        raise NothingToProcess(f"{in_path} is empty: no records to reconstruct")
     parts = out_path.with_name(out_path.name + ".parts")
-    manifest = _manifest(in_path, str(tokenizer_dir), format_name, tool_declaration, options, shard_size)
+    manifest = _manifest(in_path, sha256, str(tokenizer_dir), format_name, tool_declaration, options, shard_size)
     mpath = parts / "manifest.json"
     if resume and parts.is_dir() and mpath.is_file():
         old = json.loads(mpath.read_text())
@@ -231,7 +342,6 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     n_shards = (n_lines + shard_size - 1) // shard_size
     jobs = ((k, str(in_path), offset, lineno, shard_size) for k, (offset, lineno) in enumerate(starts) if k not in done)
     bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not progress, file=sys.stderr)
-    tok = tokenizer or load_tokenizer(tokenizer_dir)
 
     def consume(results: Iterator[tuple[int, int]], merger: _Merger) -> None:
         for k in range(n_shards):
@@ -255,7 +365,7 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
                 consume(pool.imap(_run_shard, jobs), merger)
     bar.close()
     shutil.rmtree(parts)
-    return merger.counts
+    return StatusCounts(merger.counts, merger.errors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,25 +375,34 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="API records (JSONL)")
     p.add_argument("-o", "--output", required=True, help="output parquet")
-    p.add_argument("--tokenizer", required=True, help="tokenizer directory (Kimi or HF)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory (Kimi or HF; default: the Kimi tokenizer in the assets)")
     p.add_argument("--format", default="kimi-k2.5", choices=FORMATS, help="chat format (default kimi-k2.5)")
     p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default="json",
                    help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str)")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
     p.add_argument("--resume", action="store_true", help="keep the finished shards of an interrupted run")
-    p.add_argument("--shard-size", type=int, default=256, help="records per shard (the unit of resumption)")
+    p.add_argument("--shard-size", type=positive_int, default=256, help="records per shard (the unit of resumption)")
     p.add_argument("--omit-think-end-before-tools", action="store_true",
-                   help="no </think> when the model goes from reasoning straight into tool calls")
-    p.add_argument("--keep-tool-ids", action="store_true", help="keep the API's tool-call ids (default: functions.NAME:IDX)")
+                   help="no </think> before tool calls when a message has tool calls and no content (reasoning or not)")
+    p.add_argument("--tool-ids", choices=TOOL_ID_POLICIES, default="auto",
+                   help="auto: keep ids the model could have written, replace server-made ones with functions.NAME:IDX; "
+                        "normalise: always functions.NAME:IDX; keep: the API's ids (default auto)")
+    p.add_argument("--keep-tool-ids", action="store_true", help="the same as --tool-ids keep")
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     options = ReconstructOptions(omit_think_end_before_tools=args.omit_think_end_before_tools,
-                                 keep_tool_ids=args.keep_tool_ids)
-    counts = reconstruct_file(args.input, args.output, args.tokenizer, args.format, workers=args.workers,
-                              resume=args.resume, options=options, shard_size=args.shard_size,
-                              progress=not args.no_progress, tool_declaration=args.tool_declaration)
+                                 tool_ids="keep" if args.keep_tool_ids else args.tool_ids)
+    try:
+        counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, workers=args.workers,
+                                  resume=args.resume, options=options, shard_size=args.shard_size,
+                                  progress=not args.no_progress, tool_declaration=args.tool_declaration)
+    except NothingToProcess as e:
+        print(f"kimi-eagle reconstruct: nothing to process: {e}", file=sys.stderr)
+        return EXIT_NOTHING_PROCESSED
     total = sum(counts.values())
     print(f"{args.output}: {total} rows, " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return 0
+    return exit_status(counts, counts.errors)
+

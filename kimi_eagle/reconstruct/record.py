@@ -4,7 +4,9 @@
 into a :class:`ReconstructedRow`: the rendered prompt's IDs, the completion's IDs encoded once as a
 whole string, typed segments with byte and token spans, and flags. Bad input raises ``RecordError``.
 ``reconstruct_line`` does the same for one raw JSONL line and never raises: bad input becomes an
-error row (``error_row``) naming the reason.
+error row (``error_row``) naming the reason — one row per record on the line (a line holding several
+JSON values gives one error row per value). Text the tokenizer cannot encode faithfully (a lone
+surrogate anywhere in the rendered prompt or completion) is an error, never a silent U+FFFD.
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .completion import SPAN_FIELDS, CompletionOptions, ToolCall, Turn
+from .completion import SPAN_FIELDS, CompletionOptions, ToolCall, Turn, resolve_truncation
 from .encoder import PieceEncoder
 from .formats import Format
-from ..records import RecordError
+from ..io import parse_line
+from ..records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
 from ..tokenize.tokenizer import Tokenizer
 
 MAX_TEXT_CHARS = 400_000  # one reasoning/content/arguments string; the reference encodes in chunks of this size
@@ -46,6 +49,7 @@ class ReconstructedRow:
     billed_completion_tokens: int | None = None
     billed_reasoning_tokens: int | None = None
     provider: str | None = None
+    usage_error: str | None = None  # why a billed count is null: usage missing, or a count that is not an integer
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a dict (shallow: the ID lists are shared, not copied)."""
@@ -71,7 +75,29 @@ def check_text(text: str, what: str) -> None:
 
 
 def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A billed count: a non-negative integer that fits int64, else None (negative or huge counts are not billing)."""
+    return count_field(value)
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, never huge (a 4,000-digit integer is named by its length)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
+
+
+def usage_problem(response: dict) -> str | None:
+    """Why a billed count is null: no ``usage``, no ``completion_tokens``, or a count that is not an integer."""
+    usage = response.get("usage")
+    if not isinstance(usage, dict):
+        return "no usage in the response" if usage is None else f"usage is a {type(usage).__name__}, not an object"
+    details = usage.get("completion_tokens_details")
+    counts = {"usage.completion_tokens": usage.get("completion_tokens"),
+              "usage.completion_tokens_details.reasoning_tokens": details.get("reasoning_tokens") if isinstance(details, dict) else None}
+    problems = [f"{name} is {_shown(value)}, not a count (an integer 0 <= n < 2**63)" for name, value in counts.items()
+                if value is not None and _opt_int(value) is None]
+    if "completion_tokens" not in usage:
+        problems.insert(0, "usage.completion_tokens is missing")
+    return "; ".join(problems) or None
 
 
 def _reasoning(message: dict) -> str | None:
@@ -109,7 +135,10 @@ def parse_turn(response: Any) -> Turn:
     if text is not None and not isinstance(text, str):
         raise RecordError(f"message content is a {type(text).__name__}, not a string")
     calls = []
-    for k, call in enumerate(msg.get("tool_calls") or []):
+    raw_calls = msg.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise RecordError(f"message tool_calls is a {type(raw_calls).__name__}, not a list")
+    for k, call in enumerate(raw_calls):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RecordError(f"tool_calls[{k}] has no function name")
@@ -144,6 +173,8 @@ def normalise_messages(messages: Any) -> list[dict]:
             raise RecordError(f"request.messages[{i}].content is neither a string nor a list of parts")
         calls = m.get("tool_calls")
         if calls:
+            if not isinstance(calls, list):
+                raise RecordError(f"request.messages[{i}].tool_calls is a {type(calls).__name__}, not a list")
             for j, call in enumerate(calls):
                 if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
                     raise RecordError(f"request.messages[{i}].tool_calls[{j}] has no function name")
@@ -171,6 +202,11 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     rid = record.get("id")
     if not isinstance(rid, str) or not rid:
         raise RecordError("record has no string id")
+    check_id(rid, "record id")
+    dataset, provider = record.get("dataset"), response_field(record.get("response"), "provider")
+    for name, value in (("dataset", dataset), ("response.provider", provider)):
+        if isinstance(value, str) and not storable_text(value):
+            raise RecordError(f"{name} is not valid Unicode (lone surrogate)")
     request, response = record.get("request"), record.get("response")
     if not isinstance(request, dict):
         raise RecordError("record has no request object")
@@ -189,61 +225,125 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
+    check_encodable((t for t, _ in prompt_pieces), request, "request", "the prompt")
     prompt_ids, prompt_marker = enc.encode_marked(prompt_pieces)
     if prompt_marker:
         flags.append("prompt_literal_marker")
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
+    check_encodable((s.text for s in segments), response, "response", "the completion")
     completion_ids, spans, marker = enc.encode_segments_marked(segments, continuation=fmt.continuation)
+    if "truncated_in_tool_call" in seg_flags:  # closed or not after the last arguments: the billed count decides
+        billed = response.get("usage", {}).get("completion_tokens") if isinstance(response.get("usage"), dict) else None
+        segments, seg_flags = resolve_truncation(segments, seg_flags, len(completion_ids), _opt_int(billed))
+        completion_ids, spans, marker = enc.encode_segments_marked(segments, continuation=fmt.continuation)
     if marker:
         flags.append("literal_marker")
     flags = seg_flags + flags
+    if "args_not_json" not in flags and any(not strict_json(call.arguments) for call in turn.tool_calls):
+        flags.append("args_not_json")  # NaN / Infinity, which Python's json accepts and JSON does not
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     details = usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
-    provider = response.get("provider")
     return ReconstructedRow(
-        id=rid, dataset=record.get("dataset") if isinstance(record.get("dataset"), str) else None,
+        id=rid, dataset=dataset if isinstance(dataset, str) else None,
         status="ok", error=None, format=fmt.name,
         prompt_ids=prompt_ids, completion_ids=completion_ids,
         n_prompt_tokens=len(prompt_ids), n_completion_tokens=len(completion_ids),
         segments=[dict(zip(SPAN_FIELDS, s)) for s in spans], flags=flags, finish_reason=turn.finish_reason,
         billed_completion_tokens=_opt_int(usage.get("completion_tokens")),
         billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")),
-        provider=provider if isinstance(provider, str) else None,
+        provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
     )
 
 
 def error_row(rid: str, error: str, fmt_name: str, record: Any = None) -> ReconstructedRow:
-    """The row of a record that could not be reconstructed: its id, dataset and the reason."""
-    dataset = record.get("dataset") if isinstance(record, dict) and isinstance(record.get("dataset"), str) else None
-    return ReconstructedRow(id=rid, dataset=dataset, status="error", error=error, format=fmt_name)
+    """The row of a record that could not be reconstructed: its id, dataset and the reason (always storable)."""
+    dataset = record.get("dataset") if isinstance(record, dict) else None
+    dataset = dataset if isinstance(dataset, str) and storable_text(dataset) else None
+    return ReconstructedRow(id=rid, dataset=dataset, status="error", error=printable_id(error), format=fmt_name)
 
 
-def record_id(record: Any, lineno: int) -> str:
-    """The record's id, or ``line:N`` when it has none."""
+def record_id(record: Any, lineno: int, value: int | None = None) -> str:
+    """The record's id, or the synthetic ``<line N>`` when it has no usable one (see
+    :func:`~kimi_eagle.records.synthetic_id`: real ids of that form are refused, so they never collide)."""
     rid = record.get("id") if isinstance(record, dict) else None
-    return rid if isinstance(rid, str) and rid else f"line:{lineno}"
+    try:
+        return check_id(rid) if isinstance(rid, str) else synthetic_id(lineno, value)
+    except RecordError:
+        return synthetic_id(lineno, value)
 
 
 def reconstruct_line(raw: bytes, lineno: int, tok: Tokenizer, fmt: Format, options: CompletionOptions,
-                     encoder: PieceEncoder | None = None) -> dict[str, Any]:
-    """One JSONL line -> one row dict (never raises for bad input), with its ``line`` number."""
+                     encoder: PieceEncoder | None = None) -> list[dict[str, Any]]:
+    """One physical JSONL line -> its row dicts (never raises for bad input), each with its ``line`` number.
+
+    One row, unless the line holds several JSON values: then one error row per value.
+    """
+    lines = parse_line(raw, lineno)
+    rows = []
+    for k, line in enumerate(lines, 1):
+        value = k if len(lines) > 1 else None
+        if line.error:
+            row = error_row(record_id(line.partial, lineno, value), line.error, fmt.name, line.partial)
+        else:
+            try:
+                row = reconstruct_record(line.obj, tok, fmt, options, encoder)
+            except RecordError as e:
+                row = error_row(record_id(line.obj, lineno), str(e), fmt.name, line.obj)
+            except Exception as e:  # a record the checks did not foresee must not stop the run
+                row = error_row(record_id(line.obj, lineno), f"unexpected {type(e).__name__}: {e}", fmt.name, line.obj)
+        d = row.to_dict()
+        d["line"] = lineno
+        rows.append(d)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Checks
+
+
+def response_field(response: Any, name: str) -> Any:
+    return response.get(name) if isinstance(response, dict) else None
+
+
+def strict_json(arguments: Any) -> bool:
+    """Whether tool-call arguments are (or serialise to) standard JSON: ``NaN``/``Infinity`` are not."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
     try:
-        record = json.loads(raw)
-    except UnicodeDecodeError as e:
-        try:  # keep the id if the rest of the line is readable
-            rid = record_id(json.loads(raw.decode("utf-8", "replace")), lineno)
-        except json.JSONDecodeError:
-            rid = f"line:{lineno}"
-        row = error_row(rid, f"line {lineno}: invalid UTF-8 at byte {e.start}", fmt.name)
-    except json.JSONDecodeError as e:
-        row = error_row(f"line:{lineno}", f"line {lineno}: not JSON ({e})", fmt.name)
-    else:
-        try:
-            row = reconstruct_record(record, tok, fmt, options, encoder)
-        except RecordError as e:
-            row = error_row(record_id(record, lineno), str(e), fmt.name, record)
-        except Exception as e:  # a record the checks did not foresee must not stop the run
-            row = error_row(record_id(record, lineno), f"unexpected {type(e).__name__}: {e}", fmt.name, record)
-    d = row.to_dict()
-    d["line"] = lineno
-    return d
+        if isinstance(arguments, str):
+            json.loads(arguments, parse_constant=refuse)
+        else:
+            json.dumps(arguments, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
+def surrogate_path(value: Any, root: str) -> str | None:
+    """The path (``request.tools[0].function.description``) of the first string or key in ``value`` that
+    holds a lone surrogate, or None; walked without recursion."""
+    stack = [(value, root)]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            if not storable_text(v):
+                return path
+        elif isinstance(v, dict):
+            for key, child in reversed(list(v.items())):
+                if isinstance(key, str) and not storable_text(key):
+                    return f"{path} (a key)"
+                stack.append((child, f"{path}.{key}"))
+        elif isinstance(v, list):
+            stack.extend((child, f"{path}[{k}]") for k, child in reversed(list(enumerate(v))))
+    return None
+
+
+def check_encodable(texts: Any, source: Any, root: str, what: str) -> None:
+    """Raise RecordError if any of ``texts`` (what will be encoded) holds a lone surrogate, naming where in
+    ``source`` it came from: the tokenizer would otherwise encode it as U+FFFD without a word."""
+    for text in texts:
+        if not storable_text(text):
+            where = surrogate_path(source, root)
+            raise RecordError(f"{what} holds text that is not valid Unicode (a lone surrogate"
+                              f"{' in ' + printable_id(where) if where else ''}); it cannot be encoded faithfully")

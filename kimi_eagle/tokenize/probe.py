@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from ..io import read_jsonl
-from ..records import RecordError, parse_engine_record
+from ..records import EXIT_NOTHING_PROCESSED, RecordError, error_table, parse_engine_record
 from .tokenizer import Tokenizer, load_tokenizer
 
 MARKER_HINTS = ("<|", "|>", "im_end", "im_start", "</think", "<think")
@@ -40,9 +41,10 @@ class TokenInfo:
 class EngineStats:
     n_records: int
     n_errors: int
-    errors: list[str]
+    errors: list[str]  # the first 50 reasons ("line N: why")
     last_tokens: list[dict]  # [{id, text, count}] — which tokens actually end generations
     special_occurrences: list[dict]  # [{id, text, count}] — special IDs seen anywhere in outputs
+    all_errors: list[str] = field(default_factory=list, repr=False)  # every reason (not in the JSON report)
 
 
 @dataclass
@@ -57,7 +59,10 @@ class ProbeReport:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+        d = asdict(self)
+        if d["engine"]:
+            del d["engine"]["all_errors"]
+        return json.dumps(d, ensure_ascii=False, indent=2)
 
 
 def describe(tok: Tokenizer, token_id: int) -> TokenInfo:
@@ -91,6 +96,7 @@ def marker_like_tokens(tok: Tokenizer, limit: int = 200) -> list[TokenInfo]:
 
 
 def engine_stats(tok: Tokenizer, path: str | Path, top: int = 20) -> EngineStats:
+    """Which tokens end the engine's generations and which specials occur; bad records are counted with a reason."""
     last: Counter[int] = Counter()
     specials: Counter[int] = Counter()
     special_ids = tok.special_ids
@@ -99,10 +105,16 @@ def engine_stats(tok: Tokenizer, path: str | Path, top: int = 20) -> EngineStats
         n += 1
         try:
             if line.error:
-                raise RecordError(line.error)
+                raise RecordError(line.error.removeprefix(f"line {line.lineno}: "))
             rec = parse_engine_record(line.obj)
+            outside = next((i for i in rec.output_ids if i >= tok.n_vocab), None)
+            if outside is not None:
+                raise RecordError(f"output_ids holds {outside}, outside the vocabulary 0..{tok.n_vocab - 1}")
         except RecordError as e:
             errors.append(f"line {line.lineno}: {e}")
+            continue
+        except Exception as e:  # a record the checks did not foresee must not stop the probe
+            errors.append(f"line {line.lineno}: unexpected {type(e).__name__}: {e}")
             continue
         if rec.output_ids:
             last[rec.output_ids[-1]] += 1
@@ -111,7 +123,7 @@ def engine_stats(tok: Tokenizer, path: str | Path, top: int = 20) -> EngineStats
     def rows(counter: Counter[int]) -> list[dict]:
         return [{"id": i, "text": describe(tok, i).text, "count": c} for i, c in counter.most_common(top)]
 
-    return EngineStats(n, len(errors), errors[:50], rows(last), rows(specials))
+    return EngineStats(n, len(errors), errors[:50], rows(last), rows(specials), errors)
 
 
 def probe(tok: Tokenizer, engine_outputs: str | Path | None = None, check_ids: Sequence[int] = ()) -> ProbeReport:
@@ -137,19 +149,22 @@ def probe(tok: Tokenizer, engine_outputs: str | Path | None = None, check_ids: S
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", required=True, help="tokenizer dir (tiktoken.model or tokenizer.json)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer dir (tiktoken.model or tokenizer.json; default: the Kimi tokenizer in the assets)")
     p.add_argument("--engine-outputs", help="JSONL of engine records with output_ids")
     p.add_argument("--check-ids", default="", help="comma-separated IDs to describe, e.g. 163533,163586")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    tok = load_tokenizer(args.tokenizer)
+    from ..assets import kimi_dir
+
+    tok = load_tokenizer(args.tokenizer or kimi_dir())
     ids = [int(x) for x in args.check_ids.split(",") if x.strip()]
     report = probe(tok, args.engine_outputs, ids)
     if args.json:
         print(report.to_json())
-        return 0
+        return _engine_exit(report)
     print(f"{report.tokenizer}: n_vocab {report.n_vocab:,}, n_ranks {report.n_ranks:,}")
     named = [s for s in report.special_tokens if not s.text.startswith("<|reserved_token_")]
     print(f"{len(named)} named special tokens ({len(report.special_tokens)} slots):")
@@ -163,4 +178,18 @@ def run(args: argparse.Namespace) -> int:
     if report.engine:
         print(f"engine outputs: {report.engine.n_records} records, {report.engine.n_errors} errors")
         print("  last tokens:", ", ".join(f"{r['id']} {r['text']!r} x{r['count']}" for r in report.engine.last_tokens))
+    return _engine_exit(report)
+
+
+def _engine_exit(report: ProbeReport) -> int:
+    """0, or ``EXIT_NOTHING_PROCESSED`` when engine outputs were given and none could be read (the top
+    error reasons go to stderr, so that ``--json`` output stays one JSON document)."""
+    eng = report.engine
+    if eng is None:
+        return 0
+    if eng.all_errors:
+        print(error_table(e.split(": ", 1)[-1] for e in eng.all_errors), file=sys.stderr)
+    if eng.n_records == eng.n_errors:
+        print(f"no engine record could be read ({eng.n_errors} of {eng.n_records} in error)", file=sys.stderr)
+        return EXIT_NOTHING_PROCESSED
     return 0

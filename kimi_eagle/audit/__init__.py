@@ -1,0 +1,1 @@
+"""Provider audit: do API providers return what the model itself produces? (``kimi-eagle audit``)."""

@@ -1,0 +1,466 @@
+"""Bad input, kind by kind: every malformed record is one row (or one per value) with the exact outcome,
+the run goes on, and files that are not UTF-8 JSONL or arguments that make no sense are refused up front.
+
+The corpus covers ``reconstruct`` (API records), ``convert`` (conversations), ``diff`` and ``probe``
+(engine records); ``serve``'s malformed requests are in ``tests/test_serve*.py``.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kimi_eagle.assets import kimi_dir
+from kimi_eagle.io import EncodingRefused, read_jsonl
+from kimi_eagle.reconstruct.convert import convert, convert_file
+from kimi_eagle.reconstruct.job import read_rows, reconstruct_file
+
+DEEP = "[" * 1000 + "]" * 1000
+DEEPISH = "[" * 150 + "]" * 150
+
+
+def api(rid="r", content="Hello!", finish="stop", messages=None, tools=None, message=None, **response):
+    msg = {"role": "assistant", "content": content} if message is None else {"role": "assistant", **message}
+    request = {"model": "m", "messages": messages or [{"role": "user", "content": "Hi"}]}
+    if tools is not None:
+        request["tools"] = tools
+    return {"id": rid, "dataset": "unit", "request": request,
+            "response": {"choices": [{"message": msg, "finish_reason": finish}], **response}}
+
+
+def js(obj) -> bytes:
+    """One JSONL line (``ensure_ascii``: lone surrogates travel as ``\\udXXX`` escapes, as in real files)."""
+    return json.dumps(obj).encode()
+
+
+def call(name="f", arguments='{"a": 1}', cid=None):
+    return {"id": cid or f"functions.{name}:0", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+ERR, OK = "error", "ok"
+
+# (kind, JSONL line, expected rows: [(status, id, error substring | flag | None)])
+RECONSTRUCT = [
+    ("valid record", js(api("good", usage={"completion_tokens": 4})), [(OK, "good", None)]),
+    ("not JSON", b"{not json", [(ERR, "<line>", "line 2: not JSON (Expecting property name")]),
+    ("torn last write", b'{"id": "torn", "req', [(ERR, "<line>", "line 3: not JSON (Unterminated string")]),
+    ("two objects on one line", js(api("two-a")) + js(api("two-b")),
+     [(ERR, "two-a", "line 4: 2 JSON values on one line (value 1 of 2)"),
+      (ERR, "two-b", "line 4: 2 JSON values on one line (value 2 of 2)")]),
+    ("two values without ids", b"1 2", [(ERR, "<line value 1>", "value 1 of 2"), (ERR, "<line value 2>", "value 2 of 2")]),
+    ("top-level array", b"[1, 2]", [(ERR, "<line>", "record is not a JSON object")]),
+    ("top-level null", b"null", [(ERR, "<line>", "record is not a JSON object")]),
+    ("1000-deep field the kit ignores", b'{"id": "deep", "x": ' + DEEP.encode() + b"}",
+     [(ERR, "<line>", "line 8: nested more than 100 levels deep")]),
+    ("150-deep field", js({**api("deepish"), "x": json.loads(DEEPISH)}),
+     [(ERR, "deepish", "line 9: nested more than 100 levels deep")]),
+    ("5000-digit integer", b'{"id": "big", "n": ' + b"7" * 5000 + b"}",
+     [(ERR, "<line>", "line 10: not JSON (Exceeds the limit (4300 digits)")]),
+    ("invalid UTF-8 byte", b'{"id": "latin1", "x": "caf\xe9"}', [(ERR, "latin1", "line 11: invalid UTF-8 at byte 26")]),
+    ("CESU-8 surrogate bytes", b'{"id": "cesu", "x": "\xed\xa0\x80"}', [(ERR, "cesu", "line 12: invalid UTF-8 at byte 21")]),
+    ("lone surrogate in completion content", js(api("sur-content", "a\ud800b")),
+     [(ERR, "sur-content", "content is not valid Unicode: lone surrogate")]),
+    ("lone surrogate in a tool schema",
+     js(api("sur-tool", tools=[{"type": "function", "function": {"name": "f", "description": "x\udc00"}}])),
+     [(ERR, "sur-tool", "the prompt holds text that is not valid Unicode (a lone surrogate in request.tools[0].function.description)")]),
+    ("lone surrogate in history tool-call arguments",
+     js(api("sur-history", messages=[{"role": "user", "content": "Hi"},
+                                     {"role": "assistant", "content": None, "tool_calls": [call(arguments='{"q": "\ud83d"}')]},
+                                     {"role": "tool", "tool_call_id": "functions.f:0", "content": "r"}], tools=[TOOL])),
+     [(ERR, "sur-history", "lone surrogate in request.messages[1].tool_calls[0].function.arguments")]),
+    ("lone surrogate in a user message", js(api("sur-user", messages=[{"role": "user", "content": "\udfff"}])),
+     [(ERR, "sur-user", "request.messages[0].content is not valid Unicode")]),
+    ("lone surrogate in string arguments", js(api("sur-args", None, "tool_calls", message={"content": None, "tool_calls": [call(arguments='"\ud800"')]})),
+     [(ERR, "sur-args", "tool_calls[0] arguments is not valid Unicode")]),
+    ("lone surrogate in object arguments",
+     js(api("sur-args-obj", None, "tool_calls", message={"content": None, "tool_calls": [call(arguments={"q": "\ud800"})]})),
+     [(ERR, "sur-args-obj", "the completion holds text that is not valid Unicode (a lone surrogate in response.choices[0].message.tool_calls[0].function.arguments.q)")]),
+    ("lone surrogate in a tool name", js(api("sur-name", None, "tool_calls", message={"content": None, "tool_calls": [call(name="f\ud800")]})),
+     [(ERR, "sur-name", "the completion holds text that is not valid Unicode")]),
+    ("lone surrogate in the id", js(api("id\ud800")), [(ERR, "<line>", "record id 'id\\\\ud800' is not valid Unicode")]),
+    ("lone surrogate in the dataset", js({**api("sur-dataset"), "dataset": "d\ud800"}),
+     [(ERR, "sur-dataset", "dataset is not valid Unicode")]),
+    ("lone surrogate in the provider", js(api("sur-provider", provider="p\ud800")),
+     [(ERR, "sur-provider", "response.provider is not valid Unicode")]),
+    ("NaN in string arguments", js(api("nan-args", None, "tool_calls", message={"content": None, "tool_calls": [call(arguments='{"x": NaN}')]})),
+     [(OK, "nan-args", "args_not_json")]),
+    ("Infinity in object arguments",
+     b'{"id": "inf-args", "request": {"messages": [{"role": "user", "content": "Hi"}]}, "response": {"choices": [{"finish_reason": '
+     b'"tool_calls", "message": {"content": null, "tool_calls": [{"function": {"name": "f", "arguments": {"x": Infinity}}}]}}]}}',
+     [(OK, "inf-args", "args_not_json")]),
+    ("arguments that are not JSON", js(api("bad-args", None, "tool_calls", message={"content": None, "tool_calls": [call(arguments="{oops")]})),
+     [(OK, "bad-args", "args_not_json")]),
+    ("usage beyond int64", js(api("usage-big", usage={"completion_tokens": 2**64})), [(OK, "usage-big", None)]),
+    ("negative usage", js(api("usage-neg", usage={"completion_tokens": -5, "completion_tokens_details": {"reasoning_tokens": -1}})),
+     [(OK, "usage-neg", None)]),
+    ("fractional usage", js(api("usage-float", usage={"completion_tokens": 4.5})), [(OK, "usage-float", None)]),
+    ("boolean usage", js(api("usage-bool", usage={"completion_tokens": True})), [(OK, "usage-bool", None)]),
+    ("usage that is a list", js(api("usage-list", usage=[4])), [(OK, "usage-list", None)]),
+    ("unknown finish_reason", js(api("finish-eos", finish="eos")), [(ERR, "finish-eos", "unknown finish_reason 'eos'")]),
+    ("non-string finish_reason", js(api("finish-int", finish=5)), [(ERR, "finish-int", "unknown finish_reason 5")]),
+    ("choices: [5]", js({"id": "choices-5", "request": {"messages": []}, "response": {"choices": [5]}}),
+     [(ERR, "choices-5", "response.choices[0] has no message")]),
+    ("empty choices", js({"id": "choices-0", "request": {"messages": []}, "response": {"choices": []}}),
+     [(ERR, "choices-0", "response has no choices")]),
+    ("response that is a list", js({"id": "resp-list", "request": {"messages": []}, "response": []}),
+     [(ERR, "resp-list", "response is not a JSON object")]),
+    ("content that is a number", js(api("content-int", 5)), [(ERR, "content-int", "message content is a int, not a string")]),
+    ("tool_calls that is a number", js(api("calls-int", None, "tool_calls", message={"content": None, "tool_calls": 5})),
+     [(ERR, "calls-int", "message tool_calls is a int, not a list")]),
+    ("tool call that is a string", js(api("call-str", None, "tool_calls", message={"content": None, "tool_calls": ["f"]})),
+     [(ERR, "call-str", "tool_calls[0] has no function name")]),
+    ("history tool_calls that is an object",
+     js(api("hist-calls", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "x", "tool_calls": {"a": 1}}])),
+     [(ERR, "hist-calls", "request.messages[1].tool_calls is a dict, not a list")]),
+    ("messages that is a string", js({**api("msgs-str"), "request": {"messages": "Hi"}}), [(ERR, "msgs-str", "request.messages is not a list")]),
+    ("message without a role", js(api("no-role", messages=[{"content": "Hi"}])),
+     [(ERR, "no-role", "request.messages[0] is not a message with a role")]),
+    ("content parts that are not objects", js(api("parts", messages=[{"role": "user", "content": [1, 2]}])),
+     [(ERR, "parts", "request.messages[0].content is neither a string nor a list of parts")]),
+    ("tools that is an object", js(api("tools-obj", tools={"f": 1})), [(ERR, "tools-obj", "request.tools is not a list")]),
+    ("no request", js({"id": "no-request", "response": {}}), [(ERR, "no-request", "record has no request object")]),
+    ("no id", js({k: v for k, v in api().items() if k != "id"}), [(ERR, "<line>", "record has no string id")]),
+    ("integer id", js({**api(), "id": 7}), [(ERR, "<line>", "record has no string id")]),
+    ("id in the reserved synthetic form", js(api("<line 3>")),
+     [(ERR, "<line>", "record id '<line 3>' has the form reserved for unreadable lines")]),
+    ("real id that looks like an old synthetic one", js(api("line:2")), [(OK, "line:2", None)]),
+    ("empty message", js(api("empty", None)), [(ERR, "empty", "no reasoning, no content and no tool calls")]),
+    ("over-long content", js(api("too-long", "x" * 400_001)), [(ERR, "too-long", "over the 400,000-character limit")]),
+    ("converter error record", js({"id": "conv-err", "error": "conversation 7: tool call is not JSON"}),
+     [(ERR, "conv-err", "converter: conversation 7")]),
+    ("bad record, then a valid one with its id", js({"id": "dup", "request": {"messages": []}, "response": {}}),
+     [(ERR, "dup", "response has no choices")]),
+    ("valid record after a bad one with the same id", js(api("dup")), [(OK, "dup", None)]),
+    ("second valid record with an id", js(api("good")), [(ERR, "good", "duplicate id 'good' (first at line 1)")]),
+    ("literal special-token text in content", js(api("marker", "say <|im_end|> please")), [(OK, "marker", "literal_marker")]),
+]
+
+
+@pytest.fixture(scope="module")
+def reconstructed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    src = d / "api.jsonl"
+    src.write_bytes(b"\n".join(line for _, line, _ in RECONSTRUCT) + b"\n")
+    counts = reconstruct_file(src, d / "out.parquet", kimi_dir(), "kimi-k2.5", progress=False)
+    return counts, read_rows(d / "out.parquet")
+
+
+@pytest.mark.parametrize("k", range(len(RECONSTRUCT)), ids=[kind for kind, _, _ in RECONSTRUCT])
+def test_reconstruct_gives_each_bad_record_its_exact_outcome(reconstructed, k):
+    _, df = reconstructed
+    first = sum(len(expected) for _, _, expected in RECONSTRUCT[:k])
+    for j, (status, rid, reason) in enumerate(RECONSTRUCT[k][2]):
+        row = df.iloc[first + j]
+        assert row.line == k + 1
+        rid = rid.replace("<line", f"<line {k + 1}")  # the synthetic id of this line
+        assert (row.status, row.id) == (status, rid), row.error
+        if status == ERR:
+            assert reason in row.error, row.error
+            assert len(row.completion_ids) == 0
+        elif reason:
+            assert reason in list(row["flags"])
+
+
+def test_reconstruct_keeps_one_row_per_record_and_stores_no_bad_count(reconstructed):
+    counts, df = reconstructed
+    assert len(df) == sum(len(expected) for _, _, expected in RECONSTRUCT)
+    assert counts == {"ok": int((df.status == "ok").sum()), "error": int((df.status == "error").sum())}
+    usage = df.set_index("id").loc[["usage-big", "usage-neg", "usage-float", "usage-bool", "usage-list"]]
+    assert usage.billed_completion_tokens.isna().all() and usage.billed_reasoning_tokens.isna().all()
+    assert "2**63" in usage.usage_error["usage-big"] and "-5" in usage.usage_error["usage-neg"]
+    assert "-1" in usage.usage_error["usage-neg"] and "usage is a list" in usage.usage_error["usage-list"]
+    assert df.billed_completion_tokens[0] == 4
+    assert "\ufffd" not in "".join(df.error.dropna())
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "kimi_eagle", *map(str, args)], capture_output=True, text=True, **kw)
+
+
+@pytest.mark.parametrize("newline", [b"\r", b"\r\n"], ids=["CR only", "CRLF"])
+def test_every_line_ending_gives_a_row_per_record(tmp_path, newline):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(newline.join(js(api(f"r{k}")) for k in range(3)) + newline)
+    reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False, shard_size=2)
+    df = read_rows(tmp_path / "o.parquet")
+    assert df.id.tolist() == ["r0", "r1", "r2"] and df.line.tolist() == [1, 2, 3] and (df.status == "ok").all()
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + js(api("bom")) + b"\n")
+    assert reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False) == {"ok": 1}
+
+
+@pytest.mark.parametrize("encoding, named", [("utf-16", "UTF-16-LE (byte-order mark ff fe)"), ("utf-16-be", "UTF-16/UTF-32 without"),
+                                             ("utf-32", "UTF-32-LE")])
+def test_a_file_that_is_not_utf8_is_refused_naming_the_encoding(tmp_path, encoding, named):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes((json.dumps(api("a")) + "\n" + json.dumps(api("b")) + "\n").encode(encoding))
+    with pytest.raises(EncodingRefused, match="JSONL must be UTF-8"):
+        list(read_jsonl(src))
+    out = cli("reconstruct", src, "--tokenizer", kimi_dir(), "-o", tmp_path / "o.parquet")
+    assert out.returncode == 2 and named in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "o.parquet.parts").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shard-size", "0"], "--shard-size: must be at least 1, not 0"),
+    (["--shard-size", "-1"], "--shard-size: must be at least 1, not -1"),
+    (["--workers", "0"], "--workers: must be at least 1, not 0"),
+    (["--workers", "-3"], "--workers: must be at least 1, not -3"),
+])
+def test_sizes_and_counts_must_be_positive(tmp_path, args, message):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(js(api()) + b"\n")
+    out = cli("reconstruct", src, "--tokenizer", kimi_dir(), "-o", tmp_path / "o.parquet", *args)
+    assert out.returncode == 2 and message in out.stderr and not (tmp_path / "o.parquet").exists()
+
+
+def test_an_output_folder_or_a_bad_tokenizer_is_refused_before_any_work(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(js(api()) + b"\n")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = cli("reconstruct", src, "--tokenizer", kimi_dir(), "-o", folder)
+    assert out.returncode == 2 and "is a folder" in out.stderr and list(folder.iterdir()) == []
+    out = cli("reconstruct", src, "--tokenizer", tmp_path / "nowhere", "-o", tmp_path / "o.parquet")
+    assert out.returncode == 2 and "no tiktoken.model or tokenizer.json" in out.stderr and "reconstruct:" not in out.stderr.split("error:")[1]
+    assert "Traceback" not in out.stderr and "rec/s" not in out.stderr  # refused before the progress bar and not (tmp_path / "o.parquet.parts").exists()
+
+
+def test_empty_input_and_all_failed_exit_3_with_the_top_reasons(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\r\n \n")
+    out = cli("reconstruct", empty, "--tokenizer", kimi_dir(), "-o", tmp_path / "e.parquet")
+    assert out.returncode == 3 and "nothing to process" in out.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"{x\n{y\n" + js(api("e", finish="eos")) + b"\n")
+    out = cli("reconstruct", bad, "--tokenizer", kimi_dir(), "-o", tmp_path / "b.parquet", "--no-progress")
+    assert out.returncode == 3 and "no record could be processed (3 of 3 in error)" in out.stderr
+    assert "top error reasons (3 records in error, 2 kinds):" in out.stdout
+    assert "2  line N: not JSON (Expecting property name enclosed in double quotes: line N column N (char N))" in out.stdout
+    assert len(read_rows(tmp_path / "b.parquet")) == 3  # every record is still in the output
+    some = tmp_path / "some.jsonl"
+    some.write_bytes(b"{x\n" + js(api()) + b"\n")
+    out = cli("reconstruct", some, "--tokenizer", kimi_dir(), "-o", tmp_path / "s.parquet", "--no-progress")
+    assert out.returncode == 0 and "1  line N: not JSON" in out.stdout
+
+
+def test_a_second_run_on_the_same_output_is_refused(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(js(api()) + b"\n")
+    out = tmp_path / "o.parquet"
+    with open(tmp_path / ".o.parquet.lock", "a+") as held:  # what a running reconstruct holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match="being written by another run"):
+            reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", progress=False)
+    assert not out.exists()
+    assert reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", progress=False) == {"ok": 1}
+
+
+def test_resume_sees_an_edit_past_the_first_mib_at_equal_size(tmp_path):
+    src = tmp_path / "in.jsonl"
+    pad = "x" * 2_000
+    src.write_bytes(b"".join(js(api(f"r{k}", f"{pad} {k}")) + b"\n" for k in range(700)))
+    assert src.stat().st_size > 1 << 20
+    out = tmp_path / "o.parquet"
+    parts = tmp_path / "o.parquet.parts"
+    from kimi_eagle.reconstruct import job
+
+    tok = job.load_tokenizer(kimi_dir())
+    n, starts, sha = job._shard_starts(src, 100)
+    parts.mkdir()
+    (parts / "manifest.json").write_text(json.dumps(job._manifest(src, sha, str(kimi_dir()), "kimi-k2.5", "json",
+                                                                  job.ReconstructOptions(), 100), indent=1))
+    data = bytearray(src.read_bytes())
+    data[-20] = ord("y") if data[-20] != ord("y") else ord("z")  # same size, last record changed
+    src.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="cannot resume"):
+        reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", resume=True, shard_size=100, progress=False, tokenizer=tok)
+
+
+# --------------------------------------------------------------------------------------------
+# convert
+
+CONVERSATION = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
+
+CONVERT = [  # (kind, input file bytes, [(expected id, error substring or None)])
+    ("valid conversation", js(CONVERSATION), [("sharegpt:0:1", None)]),
+    ("not JSON", b"{oops", [("sharegpt:0", "line 1: not JSON")]),
+    ("two conversations on one line", js(CONVERSATION) + js(CONVERSATION),
+     [("sharegpt:0", "2 JSON values on one line (value 1 of 2)"), ("sharegpt:1", "(value 2 of 2)")]),
+    ("1000-deep conversation", b'{"conversations": ' + DEEP.encode() + b"}", [("sharegpt:0", "nested more than 100 levels deep")]),
+    ("conversation that is a list", b"[[1]]", [("sharegpt:0:0", "conversation is not a JSON object")]),
+    ("value that is not a string", js({"conversations": [{"from": "human", "value": 5}]}),
+     [("sharegpt:0:0", "value is a int, not a string")]),
+    ("unknown turn kind", js({"conversations": [{"from": "robot", "value": "x"}]}), [("sharegpt:0:0", "unknown turn kind 'robot'")]),
+    ("missing field (wrong --from)", js({"messages": []}), [("sharegpt:0:0", "missing field 'conversations' (is this a sharegpt file? check --from)")]),
+    ("invalid UTF-8", b'{"conversations": "\xff"}', [("sharegpt:0", "line 1: invalid UTF-8 at byte 19")]),
+    ("CR-only line endings", js(CONVERSATION) + b"\r" + js(CONVERSATION), [("sharegpt:0:1", None), ("sharegpt:1:1", None)]),
+    ("JSON array with a bad item", b'[' + js(CONVERSATION) + b', {bad}, ' + js(CONVERSATION) + b']',
+     [("sharegpt:0:1", None), ("sharegpt:1", "item 1: not JSON"), ("sharegpt:2:1", None)]),
+    ("JSON array with a 1000-deep item", b'[' + DEEP.encode() + b', ' + js(CONVERSATION) + b']',
+     [("sharegpt:0", "item 0: nested more than 100 levels deep"), ("sharegpt:1:1", None)]),
+    ("JSON array with invalid UTF-8 in an item", b'[{"x": "\xff"}, ' + js(CONVERSATION) + b']',
+     [("sharegpt:0", "item 0: invalid UTF-8"), ("sharegpt:1:1", None)]),
+    ("truncated JSON array", b'[' + js(CONVERSATION) + b', {"conv', [("sharegpt:0:1", None), ("sharegpt:1", "item 1: not JSON")]),
+]
+
+
+@pytest.mark.parametrize("k", range(len(CONVERT)), ids=[kind for kind, _, _ in CONVERT])
+def test_convert_gives_each_bad_conversation_its_exact_outcome(tmp_path, k):
+    src = tmp_path / "in.json"
+    src.write_bytes(CONVERT[k][1])
+    records = list(convert("sharegpt", src))
+    assert [(r["id"], r.get("error")) for r in records] == [(rid, r.get("error")) for (rid, _), r in zip(CONVERT[k][2], records)]
+    assert len(records) == len(CONVERT[k][2])
+    for (rid, reason), r in zip(CONVERT[k][2], records):
+        assert (reason in r["error"]) if reason else "error" not in r, r
+
+
+@pytest.mark.parametrize("source, payload, tool_error", [
+    ("glaive", {"conversations": [{"from": "human", "value": "Hi"}, {"from": "function_call", "value": "{nope"}]},
+     "tool call is not JSON"),
+    ("glaive", {"conversations": [{"from": "human", "value": "Hi"}], "tools": "[" * 1000 + "]" * 1000}, "nested more than 100 levels deep"),
+    ("reason-tool-use", {"messages": [{"role": "assistant", "content": [{"type": "tool_call", "value": '{"name": 5}'}]}]},
+     "tool call has no name"),
+])
+def test_convert_tool_fields_that_are_bad_are_errors(tmp_path, source, payload, tool_error):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(js(payload))
+    [record] = list(convert(source, src))
+    assert tool_error in record["error"]
+
+
+def test_convert_cli_wrong_source_empty_input_and_bad_arguments(tmp_path):
+    sharegpt = tmp_path / "sg.jsonl"
+    sharegpt.write_bytes(js(CONVERSATION) + b"\n" + js(CONVERSATION))
+    out = cli("convert", sharegpt, "--from", "reason-tool-use", "-o", tmp_path / "o.jsonl")
+    assert out.returncode == 3 and "2 of them errors" in out.stdout
+    assert "2  conversation N: missing field '…' (is this a reason-tool-use file? check --from)" in out.stdout
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    out = cli("convert", empty, "--from", "sharegpt", "-o", tmp_path / "e.jsonl")
+    assert out.returncode == 3 and "no record to process" in out.stderr
+    out = cli("convert", sharegpt, "--from", "sharegpt", "-o", tmp_path)
+    assert out.returncode == 2 and "is a folder" in out.stderr
+    out = cli("convert", sharegpt, "--from", "sharegpt", "-o", tmp_path / "l.jsonl", "--limit", "0")
+    assert out.returncode == 2 and "--limit: must be at least 1" in out.stderr
+    utf16 = tmp_path / "u.jsonl"
+    utf16.write_bytes(json.dumps(CONVERSATION).encode("utf-16"))
+    out = cli("convert", utf16, "--from", "sharegpt", "-o", tmp_path / "u.out")
+    assert out.returncode == 2 and "UTF-16-LE" in out.stderr
+
+
+def test_converted_errors_reconstruct_to_error_rows(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(js(CONVERSATION) + b"\n{oops\n")
+    convert_file("sharegpt", src, tmp_path / "api.jsonl")
+    reconstruct_file(tmp_path / "api.jsonl", tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False)
+    df = read_rows(tmp_path / "o.parquet")
+    assert df.status.tolist() == ["ok", "error"] and "converter: line 2: not JSON" in df.error[1]
+
+
+# --------------------------------------------------------------------------------------------
+# engine records: diff and probe
+
+ENGINE = [  # (kind, engine JSONL line, id of the diff row, error substring)
+    ("meta_info that is a list", js({"id": "e1", "output_ids": [1], "meta_info": [1]}), "e1", "meta_info is a list, not an object"),
+    ("choices: [5]", js({"id": "e2", "choices": [5]}), "e2", "choices[0] is an integer, not an object"),
+    ("non-string finish_reason", js({"id": "e3", "output_ids": [1], "finish_reason": 5}), "e3", "finish_reason is an integer, not a string"),
+    ("finish_reason object in meta_info", js({"id": "e4", "output_ids": [1], "meta_info": {"finish_reason": {"type": []}}}), "e4",
+     "meta_info.finish_reason is a list, not a string"),
+    ("token ID beyond int64", js({"id": "e5", "output_ids": [2**70]}), "e5", "output_ids[0] is 1180591620717411303424, not a token ID"),
+    ("negative token ID", js({"id": "e6", "output_ids": [5, -1]}), "e6", "output_ids[1] is -1, not a token ID"),
+    ("token ID outside the vocabulary", js({"id": "e7", "output_ids": [200_000]}), "e7", "outside the vocabulary"),
+    ("empty output", js({"id": "e8", "output_ids": []}), "e8", "engine output_ids is empty"),
+    ("prompt_ids that is a string", js({"id": "e9", "output_ids": [1], "prompt_ids": "1 2"}), "e9", "prompt_ids must be a list of integers"),
+    ("1000-deep engine record", b'{"id": "e10", "output_ids": [1], "x": ' + DEEP.encode() + b"}", "<engine line 10>",
+     "nested more than 100 levels deep"),
+    ("engine line that is not JSON", b"{nope", "<engine line 11>", "line 11: not JSON"),
+    ("id that is a list", js({"id": [1], "output_ids": [1]}), "<engine line 12>", "engine record id is a list"),
+    ("id in the reserved form", js({"id": "<engine line 1>", "output_ids": [1]}), "<engine line 13>", "has the form reserved"),
+    ("token_ids that is not a list", js({"id": "e14", "choices": [{"token_ids": 5}]}), "e14", "choices[0].token_ids must be a list"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("engine") / "engine.jsonl"
+    path.write_bytes(b"\n".join(line for _, line, _, _ in ENGINE) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def diffed(engine_file, kimi):
+    from kimi_eagle.diff.run import diff_rows, read_engine
+
+    recon = [{"id": rid, "status": "ok", "completion_ids": [1], "segments": [], "prompt_ids": [1]}
+             for _, _, rid, _ in ENGINE if not rid.startswith("<")]
+    return diff_rows(kimi, read_engine(engine_file, kimi), recon).records.set_index("id")
+
+
+@pytest.mark.parametrize("k", range(len(ENGINE)), ids=[kind for kind, _, _, _ in ENGINE])
+def test_diff_gives_each_bad_engine_record_its_exact_outcome(diffed, k):
+    _, _, rid, reason = ENGINE[k]
+    row = diffed.loc[rid]
+    assert row.status == "error" and reason in row.error and row.engine_line == k + 1
+
+
+@pytest.mark.parametrize("k", range(len(ENGINE)), ids=[kind for kind, _, _, _ in ENGINE])
+def test_probe_gives_each_bad_engine_record_its_reason(engine_file, kimi, k):
+    from kimi_eagle.tokenize.probe import engine_stats
+
+    stats = engine_stats(kimi, engine_file)
+    by_line = {int(e.split(":")[0].split()[1]): e for e in stats.all_errors}
+    if ENGINE[k][3] in ("engine output_ids is empty",):  # an empty generation is not malformed for the probe
+        assert k + 1 not in by_line
+    else:
+        assert ENGINE[k][3] in by_line[k + 1]
+
+
+def test_probe_cli_prints_the_reasons_and_exits_3_when_no_engine_record_is_usable(engine_file, tmp_path):
+    out = cli("probe", "--tokenizer", kimi_dir(), "--engine-outputs", engine_file, "--json")
+    assert out.returncode == 0  # the empty generation is usable
+    report = json.loads(out.stdout)
+    assert report["engine"]["n_records"] == len(ENGINE) and "top error reasons" in out.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"{nope\n" + js({"id": "x", "meta_info": []}) + b"\n")
+    out = cli("probe", "--tokenizer", kimi_dir(), "--engine-outputs", bad)
+    assert out.returncode == 3 and "no engine record could be read (2 of 2 in error)" in out.stderr
+
+
+def test_two_engine_values_on_one_line_are_two_error_rows(tmp_path, kimi):
+    from kimi_eagle.diff.run import read_engine
+
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(b'{"id": "a", "output_ids": [1]} {"id": "b", "output_ids": [2]}\n')
+    entries = read_engine(path, kimi)
+    assert sorted(entries) == ["<engine line 1 value 2>", "<engine line 1>"]
+    assert all("2 JSON values on one line" in e.error for e in entries.values())
+
+
+def test_report_draws_a_dataset_name_that_looks_like_mathtext(tmp_path, kimi):
+    from kimi_eagle.diff.report import make_charts
+    from kimi_eagle.diff.run import DiffResult, HUNK_SCHEMA, RECORD_SCHEMA
+
+    row = {f.name: None for f in RECORD_SCHEMA}
+    row.update(id="a", status="ok", verdict="exact", label="exact", subclasses=[], flags=[], dataset="$\\frac{$",
+               n_engine_tokens=3, n_recon_tokens=3, token_delta=0, n_hunks=0)
+    records = pa.Table.from_pylist([row], schema=RECORD_SCHEMA).to_pandas()
+    hunks = pa.Table.from_pylist([], schema=HUNK_SCHEMA).to_pandas()
+    charts = make_charts(DiffResult(records, hunks), tmp_path)
+    assert charts["mismatch_rate_by_dataset"].read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_parquet_of_a_hostile_run_is_readable(reconstructed):
+    _, df = reconstructed
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    pq.write_table(table, pa.BufferOutputStream())

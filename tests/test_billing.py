@@ -1,0 +1,196 @@
+"""Billing-only validation: every reconstructed row gets a billing verdict from the provider's own counts,
+known conventions are named (per record and per provider), bad usage is ``no_billing`` and never dropped."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from kimi_eagle.cli import main
+from kimi_eagle.diff.billing import reconcile_rows
+from kimi_eagle.diff.billing_report import group_table, summarize_billing, write_billing
+from kimi_eagle.diff.simulate import load_source_records, simulate_samples, write_samples
+from kimi_eagle.reconstruct.completion import CompletionOptions
+from kimi_eagle.reconstruct.formats import get_format
+from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.record import reconstruct_record
+
+TOOL = {"id": "functions.get_weather:0", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+
+
+def api(rid, provider="P", reasoning=None, content="Paris is sunny today.", tool_calls=None, finish="stop",
+        usage=None):
+    message = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning"] = reasoning
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    response = {"provider": provider, "choices": [{"message": message, "finish_reason": finish}]}
+    if usage is not ...:
+        response["usage"] = usage
+    return {"id": rid, "dataset": "unit", "request": {"model": "m", "messages": [{"role": "user", "content": "Weather?"}]},
+            "response": response}
+
+
+def row(kimi, record, billed=0, billed_reasoning=0, options=CompletionOptions(), usage=None):
+    """The reconstructed row of ``record``, billed ``recon + billed`` tokens (reasoning: ``recon + billed_reasoning``)."""
+    fmt = get_format("kimi-k2.5", kimi)
+    r = reconstruct_record(record, kimi, fmt, options).to_dict()
+    if usage is None:
+        n_reasoning = sum(s["tok_end"] - s["tok_start"] for s in r["segments"] if s["kind"] == "reasoning")
+        record["response"]["usage"] = {"completion_tokens": r["n_completion_tokens"] + billed,
+                                       "completion_tokens_details": {"reasoning_tokens": n_reasoning + billed_reasoning}}
+    else:
+        record["response"]["usage"] = usage
+    return reconstruct_record(record, kimi, fmt, options).to_dict()
+
+
+def verdicts(kimi, rows):
+    return dict(zip(*reconcile_rows(kimi, rows)[["id", "verdict"]].T.values))
+
+
+def test_counts_equal_to_the_reconstruction_match(kimi):
+    rows = [row(kimi, api("a")), row(kimi, api("b", reasoning="Look it up.", tool_calls=[TOOL], content=None))]
+    assert verdicts(kimi, rows) == {"a": "match", "b": "match"}
+
+
+def test_a_provider_that_does_not_count_the_end_of_turn_token_is_named_per_record_and_per_provider(kimi):
+    rows = [row(kimi, api(f"n{i}", provider="NoEOT", content=f"Sunny, {i} degrees."), billed=-1) for i in range(3)]
+    rows += [row(kimi, api(f"c{i}", provider="EOT", content=f"Rain, {i} mm."), billed=0) for i in range(2)]
+    rows.append(row(kimi, api("c-off", provider="EOT", content="Snow."), billed=-1))  # the EOT provider's odd one out
+    got = reconcile_rows(kimi, rows)
+    v = dict(zip(got["id"], got["verdict"]))
+    assert {v[f"n{i}"] for i in range(3)} == {"explained:eot_not_counted"}
+    assert v["c0"] == v["c1"] == "match" and v["c-off"] == "unexplained"
+    table = group_table(got, "provider").set_index("provider")
+    assert table.loc["NoEOT", "end_of_turn"].startswith("not_counted (3/3")
+    assert table.loc["EOT", "end_of_turn"].startswith("counted (2/3")
+
+
+def test_reasoning_counted_with_the_think_end_token(kimi):
+    rows = [row(kimi, api(f"r{i}", provider="Thinky", reasoning=f"Step {i}: check the city."), billed_reasoning=1)
+            for i in range(2)]
+    got = reconcile_rows(kimi, rows)
+    assert set(got["verdict"]) == {"explained:reasoning_with_think_end"}
+    assert group_table(got, "provider").set_index("provider").loc["Thinky", "reasoning_count"].startswith("with_think_end")
+
+
+def test_reasoning_straight_into_tools_without_think_end(kimi):
+    rec = api("t", reasoning="Call the tool.", tool_calls=[TOOL], content=None)
+    others = [row(kimi, api(f"o{i}", content=f"Fine {i}.")) for i in range(2)]  # the provider counts the EOT
+    assert verdicts(kimi, [row(kimi, rec, billed=-1), *others])["t"] == "explained:think_end_not_generated"
+
+
+def test_length_truncation_explains_billed_tokens_missing_from_the_text_but_not_extra_text(kimi):
+    cut = row(kimi, api("cut", content="Paris is sunny and the wind", finish="length"), billed=7)
+    extra = row(kimi, api("extra", content="Paris is sunny and the wind", finish="length"), billed=-3)
+    assert verdicts(kimi, [cut, extra]) == {"cut": "explained:length_truncation", "extra": "unexplained"}
+
+
+def test_visible_text_alterations_rewritten_tool_ids_stripped_whitespace_replacement_char(kimi):
+    call_id = {**TOOL, "id": "call_" + "9f3a" * 6}  # a server-made id, kept as the text shows it
+    kept = row(kimi, api("id", tool_calls=[call_id], content=None), billed=-9, options=CompletionOptions(tool_ids="keep"))
+    stripped = row(kimi, api("ws", tool_calls=[TOOL], content=None), billed=1)
+    fffd = row(kimi, api("fffd", content="Caf\ufffd au lait."), billed=1)
+    plain_plus_one = row(kimi, api("plain", content="Nothing special here."), billed=1)
+    assert verdicts(kimi, [kept, stripped, fffd, plain_plus_one]) == {
+        "id": "explained:tool_id_rewritten", "ws": "explained:whitespace_stripped",
+        "fffd": "explained:replacement_char", "plain": "unexplained"}
+
+
+@pytest.mark.parametrize("usage, reason", [
+    (..., "no usage in the response"),
+    ({}, "usage.completion_tokens is missing"),
+    ({"completion_tokens": "41"}, "usage.completion_tokens is '41', not a"),
+    ({"completion_tokens": 4.5}, "usage.completion_tokens is 4.5, not a"),
+    ("lots", "usage is a str, not an object"),
+])
+def test_missing_or_non_numeric_usage_is_no_billing_with_the_reason(kimi, usage, reason):
+    rec = api("x", usage=usage)
+    fmt = get_format("kimi-k2.5", kimi)
+    r = reconstruct_record(rec, kimi, fmt).to_dict()
+    got = reconcile_rows(kimi, [r, row(kimi, api("ok"))])
+    assert list(got["id"]) == ["x", "ok"]
+    assert got.loc[0, "verdict"] == "no_billing" and got.loc[0, "reason"].startswith(reason)
+    assert got.loc[1, "verdict"] == "match"
+
+
+def test_failed_duplicate_and_foreign_rows_are_kept_as_errors(kimi):
+    good = row(kimi, api("a"))
+    failed = {"id": "bad", "status": "error", "error": "line 2: not JSON", "dataset": None}
+    foreign = {**row(kimi, api("big")), "completion_ids": [10**9]}
+    got = reconcile_rows(kimi, [good, failed, dict(good), foreign])
+    assert list(got["verdict"]) == ["match", "error", "error", "error"]
+    assert got.loc[1, "reason"] == "reconstruction: line 2: not JSON"
+    assert "duplicate id" in got.loc[2, "reason"] and "outside the tokenizer" in got.loc[3, "reason"]
+
+
+def test_simulated_responses_end_to_end_every_record_has_a_verdict(kimi, tmp_path):
+    """The kit's simulate output (real conversations, injected effects, usage = engine counts) through
+    reconstruct and `kimi-eagle billing`: one verdict per record, and the effects billing can see are named."""
+    samples = simulate_samples(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=2, seed=3)
+    paths = write_samples(samples, tmp_path / "sim")
+    recon = tmp_path / "recon.parquet"
+    reconstruct_file(paths["api"], recon, None, "kimi-k2.5", progress=False, tokenizer=kimi)
+    with open(paths["api"], "a") as f:  # plus a response without usage
+        f.write(json.dumps(api("no-usage", usage=...)) + "\n")
+    reconstruct_file(paths["api"], recon, None, "kimi-k2.5", progress=False, tokenizer=kimi)
+    assert main(["billing", "--reconstructed", str(recon), "-o", str(tmp_path / "b"), "--data", "simulated"]) == 0
+    got = pq.read_table(tmp_path / "b" / "billing_records.parquet").to_pandas()
+    assert list(got["id"]) == [s.id for s in samples] + ["no-usage"]
+    assert got["verdict"].notna().all() and got["reason"].notna().all()
+    effect = {s.id: s.effect for s in samples}
+    v = got.assign(effect=got["id"].map(effect)).groupby("effect")["verdict"].agg(set).to_dict()
+    assert v["none"] == v["literal_marker"] == {"match"}
+    assert v["think_end_missing"] == {"explained:think_end_not_generated"}
+    assert v["length_truncation"] == {"explained:length_truncation"}
+    assert v["partial_utf8"] <= {"explained:replacement_char", "match"}
+    assert got.set_index("id").loc["no-usage", "verdict"] == "no_billing"
+    metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert metrics["evidence"] == "billing-only" and metrics["data"] == "simulated"
+    assert metrics["n_records"] == len(samples) + 1
+    report = (tmp_path / "b" / "report.html").read_text()
+    assert "Billing-only evidence" in report and report.count("data:image/png;base64,") == 4
+    for png in ("billing_delta", "billing_gap_by_provider", "billing_gap_by_dataset", "billing_verdicts_by_provider"):
+        assert (tmp_path / "b" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gap_is_billed_minus_reconstructed_in_percent_of_billed_with_an_interval(kimi):
+    rows = [row(kimi, api(f"g{i}", content=f"Day {i} is fine."), billed=1 if i < 2 else 0) for i in range(8)]
+    got = reconcile_rows(kimi, rows)
+    s = summarize_billing(got, "real")["all"]
+    billed = int(got["billed_completion_tokens"].sum())
+    assert s["gap_pct"] == pytest.approx(100 * 2 / billed)
+    assert s["gap_pct_lo"] <= s["gap_pct"] <= s["gap_pct_hi"]
+    assert s["unexplained_rate"] == 2 / 8 and s["unexplained_lo"] < 0.25 < s["unexplained_hi"]
+
+
+def test_notebook_02_without_engine_records_runs_billing_only(kimi, tmp_path):
+    from kimi_eagle.batch.notebooks import NOTEBOOK_DIR, execute
+
+    samples = simulate_samples(load_source_records(["glaive"]), kimi, per_effect=1, seed=5,
+                               effects=["none", "think_end_missing"])
+    api_path = write_samples(samples, tmp_path / "sim")["api"]
+    execute(NOTEBOOK_DIR / "02_bpe_diff_inspection.ipynb", tmp_path / "nb",
+            {"simulate": False, "api_path": str(api_path), "sample_size": 100})
+    metrics = json.loads((tmp_path / "nb" / "metrics.json").read_text())
+    assert (metrics["evidence"], metrics["data"], metrics["n_records"]) == ("billing-only", "real", len(samples))
+    assert not (tmp_path / "nb" / "diff").exists() and (tmp_path / "nb" / "billing" / "report.html").is_file()
+
+
+def test_a_tool_cut_resolved_by_billing_is_not_reported_as_an_independent_match():
+    from kimi_eagle.assets import kimi_dir
+    from kimi_eagle.diff.billing import reconcile_rows
+    from kimi_eagle.tokenize.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(kimi_dir())
+    ids = tok.encode('{"city": "Beijing"}')
+    segments = [{"kind": "tool_args", "byte_start": 0, "byte_end": 19, "tok_start": 0, "tok_end": len(ids)}]
+    row = {"id": "r", "status": "ok", "dataset": "d", "provider": "p", "completion_ids": ids, "segments": segments,
+           "flags": ["truncated_in_tool_call", "truncation_resolved_by_billing"], "finish_reason": "length",
+           "billed_completion_tokens": len(ids), "billed_reasoning_tokens": None}
+    verdict = reconcile_rows(tok, [row]).iloc[0]
+    assert verdict["verdict"] == "explained:truncation_resolved_by_billing"
+    assert "by construction" in verdict["reason"]

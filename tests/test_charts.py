@@ -1,0 +1,273 @@
+"""Every chart the kit draws, rendered: its title and legend say what a reader needs (simulated or real data,
+readable names, intervals), nothing hides behind anything else, and importing the package never touches
+matplotlib's backend."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from kimi_eagle.assets import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "kimi_eagle"
+
+
+def title(ax) -> str:
+    return ax.get_title().replace("\n", " ")
+
+
+def legend(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def rendered(fig: Figure, tmp_path, name: str = "chart.png") -> Figure:
+    """Draw the figure to a PNG (layout errors surface here) and check every title fits inside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig.savefig(tmp_path / name, format="png")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    width = fig.bbox.width
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        assert box.x0 >= -1 and box.x1 <= width + 1, f"title clipped: {ax.get_title()!r}"
+    return fig
+
+
+# ---- the backend -------------------------------------------------------------------------------
+
+
+def test_no_module_switches_the_matplotlib_backend():
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("use", "switch_backend") \
+                    and ast.unparse(node.func.value) in ("matplotlib", "mpl", "plt", "pyplot", "matplotlib.pyplot"):
+                calls.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert calls == []
+
+
+def test_importing_every_module_leaves_the_users_backend_alone():
+    modules = sorted(".".join(p.relative_to(REPO_ROOT).with_suffix("").parts) for p in PACKAGE.rglob("*.py")
+                     if p.name != "__main__.py")
+    code = textwrap.dedent(f"""
+        import importlib, json, matplotlib
+        before = matplotlib.get_backend()
+        for name in {modules!r}:
+            importlib.import_module(name.removesuffix(".__init__"))
+        print(json.dumps([before, matplotlib.get_backend()]))
+    """)
+    backend = "module://matplotlib_inline.backend_inline"  # what a Jupyter kernel sets
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "MPLBACKEND": backend})
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == after == backend
+
+
+# ---- the diff report's charts -----------------------------------------------------------------
+
+
+def diff_frames(simulated: bool = True, outlier: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A small diff: 3 exact, 2 bpe_split, 3 semantic records and their hunks (one split and one semantic hunk
+    of the same size, so their bars share a bin)."""
+    verdicts = ["exact"] * 3 + ["bpe_split"] * 2 + ["semantic"] * 3
+    labels = ["exact"] * 3 + ["bpe_split"] * 2 + ["whitespace", "truncation", "truncation"]
+    n = len(verdicts)
+    billed = [40, 55, 61, 70, 80, 90, 33, 2000 if outlier else 48]
+    records = pd.DataFrame({
+        "id": [f"r{i}" for i in range(n)], "dataset": ["glaive"] * 4 + ["sharegpt"] * 4, "status": ["ok"] * n,
+        "verdict": verdicts, "label": labels, "subclasses": [[] for _ in range(n)],
+        "expected": labels if simulated else [None] * n,
+        "token_delta": [0, 0, 0, 1, 1, -2, 0, -5], "first_divergence_frac": [None] * 3 + [0.45, 0.45, 0.45, 0.9, 0.1],
+        "billed_completion_tokens": billed, "n_recon_tokens": [b - d for b, d in zip(billed, [0, 0, 0, 1, 1, -2, 0, -5])],
+        "billing_delta": [0, 0, 0, 1, 1, -2, 0, -5], "billing_unexplained": [0] * n,
+    })
+    hunks = pd.DataFrame({
+        "id": ["r3", "r4", "r5", "r6", "r7"], "kind": ["split", "split", "semantic", "semantic", "semantic"],
+        "subclass": [None, None, "whitespace", "truncation", "truncation"],
+        "engine_tok_start": [5, 5, 5, 5, 5], "engine_tok_end": [7, 7, 7, 6, 10],
+        "recon_tok_start": [5, 5, 5, 5, 5], "recon_tok_end": [6, 6, 7, 6, 5],
+    })
+    return records, hunks
+
+
+@pytest.mark.parametrize("data", ["simulated", "real"])
+def test_every_report_chart_says_which_data_it_shows(tmp_path, data):
+    from kimi_eagle.diff import report
+
+    records, hunks = diff_frames(simulated=data == "simulated")
+    assert report.data_kind(records) == data
+    figures = [report.chart_rates(report.rates_by_dataset(records), data),
+               report.chart_verdicts(records, hunks, data), report.chart_hunk_sizes(hunks, data),
+               report.chart_token_delta(records, data), report.chart_first_divergence(records, data),
+               report.chart_billing(records, data)]
+    for k, fig in enumerate(figures):
+        rendered(fig, tmp_path, f"{k}.png")
+        for ax in fig.axes:
+            assert title(ax).startswith(f"[{data.upper()} data] "), title(ax)
+
+
+def test_report_chart_titles_and_legends(tmp_path):
+    from kimi_eagle.diff import report
+
+    records, hunks = diff_frames()
+    ax = rendered(report.chart_rates(report.rates_by_dataset(records), "simulated"), tmp_path).axes[0]
+    assert "Records whose reconstruction differs from the engine (Wilson 95% CI)" in title(ax)
+    assert legend(ax) == ["mismatch (not exact)", "semantic (bytes differ)"]
+    ax1, ax2 = rendered(report.chart_verdicts(records, hunks, "simulated"), tmp_path).axes
+    assert "Record labels (8 ok records)" in title(ax1) and "Hunks by class (5 hunks)" in title(ax2)
+    ax = rendered(report.chart_token_delta(records, "simulated"), tmp_path).axes[0]
+    assert "Token-count delta per differing record (5 records)" in title(ax)
+    assert legend(ax) == ["differing records (5)"]
+    ax = rendered(report.chart_first_divergence(records, "simulated"), tmp_path).axes[0]
+    assert "Where the first difference falls" in title(ax) and legend(ax) == ["bpe_split (2)", "semantic (3)"]
+    table = report.confusion(records)
+    ax = rendered(report.chart_confusion(table, "simulated"), tmp_path).axes[0]
+    assert "Confusion: injected effect's expected label vs diff label (8 records)" in title(ax)
+
+
+@pytest.mark.parametrize("chart", ["hunk_sizes", "first_divergence"])
+def test_split_bars_stand_beside_the_semantic_ones_never_under_them(tmp_path, chart):
+    from kimi_eagle.diff import report
+
+    records, hunks = diff_frames()
+    fig = report.chart_hunk_sizes(hunks, "real") if chart == "hunk_sizes" else \
+        report.chart_first_divergence(records, "real")
+    ax = rendered(fig, tmp_path).axes[0]
+    assert legend(ax)[0].startswith(("split", "bpe_split")) and legend(ax)[1].startswith("semantic")
+    split, semantic = ax.containers[0], ax.containers[1]
+    drawn = lambda bars: [b for b in bars if b.get_height() > 0]  # noqa: E731
+    shared = 0
+    for a in drawn(split):
+        for b in drawn(semantic):
+            overlap = min(a.get_x() + a.get_width(), b.get_x() + b.get_width()) - max(a.get_x(), b.get_x())
+            assert overlap <= 1e-9, "a split bar is hidden under a semantic bar"
+            shared += abs(a.get_x() - b.get_x()) < 1.0  # same bin, side by side
+    assert shared >= 1  # the test data puts both kinds in one bin
+
+
+def test_one_long_record_puts_the_billing_scatter_on_log_axes(tmp_path):
+    from kimi_eagle.diff import report
+
+    ax = rendered(report.chart_billing(diff_frames()[0], "real"), tmp_path).axes[0]
+    assert ax.get_xscale() == "linear" and "log axes" not in title(ax)
+    ax = rendered(report.chart_billing(diff_frames(outlier=True)[0], "real"), tmp_path).axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert "log axes: counts span 33–2,005" in title(ax)
+    assert "Billed vs reconstructed completion tokens (8 records, 4 off the diagonal" in title(ax)
+    assert legend(ax) == ["exact (3)", "bpe_split (2)", "semantic (3)", "billed = reconstructed"]
+
+
+def test_example_hunks_show_token_boundaries(kimi):
+    from kimi_eagle.diff.report import token_run_text
+
+    ids = [kimi.encode(" a")[0], kimi.encode("n")[0]]
+    whole = kimi.encode(" an")
+    assert token_run_text(ids, b" an", kimi) == "' a' 'n'"
+    assert token_run_text(whole, b" an", kimi) == "' an'"
+    assert token_run_text(ids, b" an") == f"' an'  [2 tokens: {ids[0]}, {ids[1]}]"  # no tokenizer: the IDs
+
+
+# ---- the batch summary's charts ---------------------------------------------------------------
+
+
+def summary_frame() -> pd.DataFrame:
+    return pd.DataFrame({
+        "run": ["sim-glaive", "sim-sharegpt", "real-stories"], "status": ["ok"] * 3,
+        "metric.data": ["simulated", "simulated", "real"],
+        "metric.mismatch_rate": [0.8, 0.67, 0.256], "metric.mismatch_rate_ci.0": [0.6, 0.4, 0.22],
+        "metric.mismatch_rate_ci.1": [0.9, 0.85, 0.29], "metric.precision.whitespace": [1.0, 1.0, 0.98],
+        "metric.verdict.exact": [2, 3, 372], "metric.verdict.semantic": [8, 6, 75],
+        "metric.loss": [[3.0, 2.0, 1.5], [3.1, 2.2, 1.4], [2.9, 1.9, 1.2]],
+    })
+
+
+def test_summary_bar_chart_names_the_metric_readably_and_labels_each_runs_data(tmp_path):
+    from kimi_eagle.batch.summary import bar_chart
+
+    df = summary_frame()
+    ax = rendered(bar_chart(df, "metric.mismatch_rate", ("metric.mismatch_rate_ci.0", "metric.mismatch_rate_ci.1")),
+                  tmp_path).axes[0]
+    assert title(ax) == "mismatch rate per run (error bars: 95% interval)"
+    assert ax.get_xlabel() == "mismatch rate" and ax.get_legend() is None  # one series: the title says it all
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["sim-glaive [simulated]", "sim-sharegpt [simulated]",
+                                                            "real-stories [real]"]
+    assert ax.get_xlim() == (0.0, 1.0)  # a rate never gets an axis past 1
+    ax = rendered(bar_chart(df, "metric.precision.whitespace"), tmp_path).axes[0]
+    assert title(ax) == "precision › whitespace per run" and ax.get_xlim() == (0.0, 1.0)
+
+
+def test_summary_stacked_and_line_charts_have_readable_titles_and_legends(tmp_path):
+    from kimi_eagle.batch.summary import line_chart, stacked_chart
+
+    df = summary_frame()
+    ax = rendered(stacked_chart(df, ["metric.verdict.exact", "metric.verdict.semantic"], "verdict"), tmp_path).axes[0]
+    assert title(ax) == "verdict per run" and legend(ax) == ["exact", "semantic"]
+    ax = rendered(line_chart(df, "metric.loss"), tmp_path).axes[0]
+    assert title(ax) == "loss per run"
+    assert legend(ax) == ["sim-glaive [simulated]", "sim-sharegpt [simulated]", "real-stories [real]"]
+
+
+def test_summary_readable_names():
+    from kimi_eagle.batch.summary import readable
+
+    assert readable("metric.mismatch_rate_ci.0") == "mismatch rate (CI low)"
+    assert readable("metric.mismatch_rate_hi") == "mismatch rate (CI high)"
+    assert readable("metric.verdict.bpe_split") == "verdict › bpe split"
+
+
+# ---- tokenizer, training and τ charts ---------------------------------------------------------
+
+
+def test_tokenizer_charts_name_the_tokenizer_once(kimi, tmp_path):
+    from kimi_eagle.tokenize.charts import special_id_figure, token_length_figure
+
+    ax = rendered(token_length_figure(kimi), tmp_path).axes[0]
+    assert title(ax).startswith("kimi tokenizer: token length in bytes (163,") and "kimi:kimi" not in title(ax)
+    assert legend(ax)[0].startswith("ordinary tokens (")
+    ax = rendered(special_id_figure(kimi), tmp_path).axes[0]
+    assert title(ax) == "kimi tokenizer: special tokens in the ID space"
+    assert legend(ax)[0].startswith("reserved (") and "HF special=True" in legend(ax)
+
+
+def test_tau_chart_has_intervals_and_names_the_model(tmp_path):
+    from kimi_eagle.eagle3.evaluate import plot_tau, tau_intervals, tau_table
+
+    def report(greedy, per_prompt):
+        return {"methods": {"eagle3": {"greedy": {"tau": greedy, "identical_to_target_greedy": "3/3",
+                                                  "per_prompt_tau": per_prompt}}}}
+
+    reports = {"engine IDs": report(2.0, [1.8, 2.0, 2.2]), "recon IDs": report(2.1, [2.1, 2.1, 2.1])}
+    intervals = tau_intervals(reports)
+    lo, hi = intervals["EAGLE-3 (engine IDs)"]["greedy"]
+    assert lo == pytest.approx(2.0 - 1.96 * 0.2 / 3 ** 0.5) and hi == pytest.approx(2.0 + 1.96 * 0.2 / 3 ** 0.5)
+    assert intervals["EAGLE-3 (recon IDs)"]["greedy"] == pytest.approx((2.1, 2.1))
+    fig = plot_tau(tau_table(reports), ("greedy",), title="τ with k=4", intervals=intervals, model="stories260K")
+    ax = rendered(fig, tmp_path).axes[0]
+    assert title(ax) == "τ with k=4 — target stories260K (error bars: 95% interval over prompts)"
+    assert legend(ax) == ["EAGLE-3 (engine IDs)", "EAGLE-3 (recon IDs)"]
+    caps = [line for c in ax.containers if hasattr(c, "errorbar") and c.errorbar for line in c.errorbar.lines[1]]
+    assert caps, "error bars are drawn"
+
+
+def test_training_curves_keep_the_dashed_run_visible_on_top(tmp_path):
+    from kimi_eagle.eagle3.train import plot_histories
+
+    entry = lambda s: {"step": s, "loss": 2.0 / s, "acc": [0.5, 0.25]}  # noqa: E731
+    same = [entry(1), entry(2)]
+    fig = rendered(plot_histories({"engine IDs": same, "recon IDs": same}), tmp_path)
+    loss_ax, acc_ax = fig.axes
+    assert legend(loss_ax) == ["engine IDs", "recon IDs"]
+    solid, dashed = loss_ax.lines
+    assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
+    assert dashed.get_zorder() > solid.get_zorder() and dashed.get_linewidth() < solid.get_linewidth()
+    assert "dashed: recon IDs" in title(acc_ax) and legend(acc_ax) == ["TTT step 0", "TTT step 1"]
