@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("kimi_eagle.engine.local", "sample completions from a local HF model into engine records"),
     "serve": ("kimi_eagle.engine.server", "an OpenRouter-compatible server over a local HF model"),
     "collect": ("kimi_eagle.engine.collect", "collect chat completions from an OpenAI/OpenRouter API"),
+    "tiny-kimi": ("kimi_eagle.engine.tiny_kimi", "build and train a tiny model over Kimi token IDs (K2.5 format, CPU)"),
     "audit": ("kimi_eagle.audit.run", "audit API providers: greedy completions compared across providers and an engine"),
     "extract": ("kimi_eagle.eagle3.interop.layouts", "extract target hidden states for EAGLE-3 training"),
     "train": ("kimi_eagle.eagle3.train", "train an EAGLE-3 drafter"),
@@ -40,6 +41,7 @@ EXAMPLES: dict[str, str] = {
     "billing": "kimi-eagle billing --reconstructed runs/mine/recon.parquet -o runs/mine/billing",
     "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model ../shared/assets/stories260K",
     "serve": "kimi-eagle serve --model ../shared/assets/stories260K --port 8000",
+    "tiny-kimi": "kimi-eagle tiny-kimi -o runs/tiny_kimi/model --steps 400 --seed 0 --collect 48",
     "collect": "kimi-eagle collect prompts.jsonl -o runs/mine/api.jsonl --base-url https://openrouter.ai/api/v1 "
                "--model moonshotai/kimi-k2.5",
     "audit": "kimi-eagle audit prompts.jsonl -o runs/audit --base-url http://127.0.0.1:8000/v1 --model stories260K "

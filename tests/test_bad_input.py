@@ -464,3 +464,142 @@ def test_the_parquet_of_a_hostile_run_is_readable(reconstructed):
     _, df = reconstructed
     table = pa.Table.from_pandas(df, preserve_index=False)
     pq.write_table(table, pa.BufferOutputStream())
+
+
+# duplicate ids in `diff`: the first *valid* record of each input wins, every other one is its own error row
+
+DUP_ENGINE = [
+    {"id": "a", "output_ids": []},  # 1: invalid, claims nothing
+    {"id": "a", "output_ids": [1]},  # 2: first valid "a"
+    {"id": "a", "output_ids": [2]},  # 3: later valid "a"
+    {"id": "b", "output_ids": [1]},  # 4: first valid "b"
+    {"id": "b", "output_ids": [200_000]},  # 5: invalid "b"
+    {"id": "c", "output_ids": [1]},  # 6: engine only
+    {"id": "c", "output_ids": [1]},  # 7: engine only, later valid
+]
+
+
+def dup_recon(rid, line, status="ok", error=None):
+    return {"id": rid, "status": status, "error": error, "completion_ids": [1] if status == "ok" else [],
+            "segments": [], "prompt_ids": [1], "line": line}
+
+
+DUP_RECON = [dup_recon("a", 1, ERR, "response has no choices"), dup_recon("a", 2), dup_recon("a", 3),
+             dup_recon("b", 4), dup_recon("d", 5), dup_recon("d", 6)]
+
+DUP_OUTCOME = [  # (id, status, engine line, error)
+    ("a", ERR, None, "reconstruction: response has no choices"),
+    ("a", OK, 2, None),
+    ("a", ERR, None, "duplicate id 'a' in the reconstructed input (first valid row: line 2)"),
+    ("b", OK, 4, None),
+    ("d", "missing_engine", None, "no engine record with this id"),
+    ("d", ERR, None, "duplicate id 'd' in the reconstructed input (first valid row: line 5)"),
+    ("a", ERR, 1, "engine output_ids is empty"),
+    ("a", ERR, 3, "duplicate id 'a' in the engine input (first valid record at engine line 2)"),
+    ("b", ERR, 5, "outside the vocabulary"),
+    ("c", "missing_api", 6, "no reconstructed row with this id"),
+    ("c", ERR, 7, "duplicate id 'c' in the engine input (first valid record at engine line 6)"),
+]
+
+
+def test_diff_duplicate_ids_first_valid_wins_and_every_record_has_a_row(tmp_path, kimi):
+    from kimi_eagle.diff.run import diff_rows, read_engine
+
+    path = tmp_path / "engine.jsonl"
+    path.write_bytes(b"".join(js(e) + b"\n" for e in DUP_ENGINE))
+    records = diff_rows(kimi, read_engine(path, kimi), DUP_RECON).records
+    got = [(r["id"], r["status"], r["engine_line"], r["error"])
+           for r in pa.Table.from_pandas(records, preserve_index=False).to_pylist()]
+    assert len(got) == len(DUP_RECON) + len(DUP_ENGINE) - 2  # two pairs; nothing dropped
+    for (rid, status, line, error), want in zip(got, DUP_OUTCOME):
+        assert (rid, status, line) == want[:3] and (error == want[3] if want[3] is None else want[3] in error), want
+    assert records.loc[records["status"] == OK, "verdict"].tolist() == ["exact", "exact"]
+
+
+def test_read_engine_maps_each_id_to_its_first_valid_record(tmp_path, kimi):
+    from kimi_eagle.diff.run import read_engine
+
+    path = tmp_path / "engine.jsonl"
+    path.write_bytes(b"".join(js(e) + b"\n" for e in DUP_ENGINE))
+    entries = read_engine(path, kimi)
+    assert {rid: e.line for rid, e in entries.items()} == {"a": 2, "b": 4, "c": 6}
+    assert [e.line for e in entries.all] == list(range(1, 8))
+    assert [e.line for e in entries.all if e.error] == [1, 3, 5, 7]
+
+
+def test_diff_cli_keeps_the_valid_row_when_reconstruct_marked_a_later_duplicate(tmp_path):
+    recon = [dup_recon("x", 1), dup_recon("x", 2, ERR, "duplicate id 'x' (first at line 1)")]
+    pq.write_table(pa.Table.from_pylist(recon), tmp_path / "recon.parquet")
+    (tmp_path / "engine.jsonl").write_bytes(js({"id": "x", "output_ids": [1]}) + b"\n")
+    out = cli("diff", "--engine", tmp_path / "engine.jsonl", "--reconstructed", tmp_path / "recon.parquet",
+              "-o", tmp_path / "diff")
+    assert out.returncode == 0, out.stderr
+    records = pq.read_table(tmp_path / "diff" / "records.parquet").to_pylist()
+    assert [(r["id"], r["status"], r["error"]) for r in records] == [
+        ("x", OK, None), ("x", ERR, "reconstruction: duplicate id 'x' (first at line 1)")]
+
+
+# `report`: a record, hunk or part that cannot be counted or drawn is left out with a visible note, never a crash
+
+
+def diff_result(records, hunks=()):
+    from kimi_eagle.diff.run import DiffResult, HUNK_SCHEMA, RECORD_SCHEMA
+
+    rows = []
+    for r in records:
+        row = {f.name: None for f in RECORD_SCHEMA}
+        row.update(status="ok", verdict="exact", label="exact", subclasses=[], flags=[], dataset="unit",
+                   n_engine_tokens=3, n_recon_tokens=3, token_delta=0, n_hunks=0)
+        rows.append({**row, **r})
+    hunk_rows = []
+    for h in hunks:
+        row = {f.name: None for f in HUNK_SCHEMA}
+        row.update(hunk=0, kind="split", segment="content", engine_tok_start=0, engine_tok_end=2, recon_tok_start=0,
+                   recon_tok_end=1, engine_ids=[1, 2], recon_ids=[3], engine_bytes=b"ab", recon_bytes=b"ab", token_delta=-1)
+        hunk_rows.append({**row, **h})
+    return DiffResult(pa.Table.from_pylist(rows, schema=RECORD_SCHEMA).to_pandas(),
+                      pa.Table.from_pylist(hunk_rows, schema=HUNK_SCHEMA).to_pandas())
+
+
+def test_report_leaves_out_what_it_cannot_count_and_says_so(tmp_path):
+    from kimi_eagle.diff.report import write_report
+
+    split = dict(verdict="bpe_split", label="bpe_split", subclasses=[], token_delta=-1, n_recon_tokens=2, n_hunks=1,
+                 first_divergence=0, first_divergence_frac=0.0)
+    result = diff_result(
+        [{"id": "good", "dataset": "<b>markup</b>"}, {"id": "math", "dataset": "$\\frac{$", **split},
+         {"id": "nan", "n_recon_tokens": None}, {"id": "weird", "verdict": "weird"},
+         {"id": "billed", "billed_completion_tokens": 3}, {"id": "err", "status": "error", "error": "boom <i>"},
+         {"id": "sur"}],
+        [{"id": "math", "engine_ids": [None, 5]}, {"id": "ghost"}, {"id": "nan"}])
+    result.records["dataset"] = result.records["dataset"].astype(object)  # only an object column holds a lone surrogate
+    result.records.loc[6, "dataset"] = "bad \udc80 name"
+    summary = write_report(result, tmp_path)
+    assert [(n["part"], n["id"], n["reason"]) for n in summary["left_out"]["notes"]] == [
+        ("record", "nan", "n_recon_tokens is missing (null or NaN)"),
+        ("record", "weird", "verdict 'weird' is not one of exact, bpe_split, semantic"),
+        ("record", "billed", "billing_delta is missing (null or NaN)"),
+        ("record", "sur", "dataset is not valid UTF-8 text (a lone surrogate)"),
+        ("hunk", "ghost", "no ok record 'ghost' in the report"),
+        ("hunk", "nan", "no ok record 'nan' in the report"),
+        ("example hunk", "math", "ValueError: cannot convert float NaN to integer"),  # a null token ID
+    ]
+    assert {k: v for k, v in summary["left_out"].items() if k != "notes"} == {
+        "records": 4, "hunks": 2, "example_hunks": 1, "charts": 0, "sections": 0}
+    assert summary["n_records"] == 7 and summary["status"] == {"ok": 2, "missing_engine": 0, "missing_api": 0, "error": 1}
+    assert summary["verdict"] == {"exact": 1, "bpe_split": 1, "semantic": 0} and summary["n_hunks"] == 1
+    assert len(summary["charts"]) == 6
+    page = (tmp_path / "report.html").read_text()
+    assert "Left out of this report" in page and "4 records, 2 hunks, 1 example hunks could not be counted" in page
+    assert "⚠ not shown: ValueError" in page and "&lt;b&gt;markup&lt;/b&gt;" in page and "<b>markup" not in page
+    assert "boom &lt;i&gt;" in page and page.count("data:image/png;base64,") == 6
+    assert json.loads((tmp_path / "summary.json").read_text())["left_out"]["records"] == 4
+
+
+def test_report_of_an_empty_diff_renders_with_nothing_left_out(tmp_path):
+    from kimi_eagle.diff.report import write_report
+
+    summary = write_report(diff_result([]), tmp_path)
+    assert summary["n_records"] == 0 and summary["status"]["ok"] == 0 and summary["verdict"]["exact"] == 0
+    assert summary["left_out"] == {"records": 0, "hunks": 0, "example_hunks": 0, "charts": 0, "sections": 0, "notes": []}
+    assert len(summary["charts"]) == 6 and "Left out" not in (tmp_path / "report.html").read_text()

@@ -74,21 +74,24 @@ def diffed(inputs):
     return out
 
 
-def test_diff_writes_one_row_per_id_of_either_input(diffed):
+def test_diff_writes_one_row_per_record_of_either_input(diffed):
     out = diffed
     result = read_diff(out)
-    recs = result.records.set_index("id")
+    dups = result.records[result.records["id"] == "dup"]
+    assert dups["status"].tolist() == ["ok", "error"] and dups["engine_line"].tolist() == [8, 9]
+    assert dups["error"].iloc[1] == "duplicate id 'dup' in the engine input (first valid record at engine line 8)"
+    assert dups["verdict"].iloc[0] == "exact" and dups["verdict"].isna().iloc[1]
+    recs = result.records.drop(dups.index[1:]).set_index("id")
     assert sorted(recs.index) == sorted(["exact", "split", "think", "recon-only", "recon-failed", "bad-ids", "empty",
                                          "dup", "engine-only", "<engine line 5>", "no-ids"])
     status = recs["status"].to_dict()
-    assert status["exact"] == status["split"] == status["think"] == "ok"
+    assert status["exact"] == status["split"] == status["think"] == status["dup"] == "ok"
     assert status["recon-only"] == "missing_engine" and status["engine-only"] == "missing_api"
-    for rid in ("recon-failed", "bad-ids", "empty", "dup", "<engine line 5>", "no-ids"):
+    for rid in ("recon-failed", "bad-ids", "empty", "<engine line 5>", "no-ids"):
         assert status[rid] == "error", rid
     assert "args_not_json" in recs.loc["recon-failed", "error"]
     assert "163847 is outside the vocabulary" in recs.loc["bad-ids", "error"]
     assert "output_ids is empty" in recs.loc["empty", "error"]
-    assert "duplicate id" in recs.loc["dup", "error"] and "lines 8 and 9" in recs.loc["dup", "error"]
     assert "not JSON" in recs.loc["<engine line 5>", "error"]
     assert "no output_ids" in recs.loc["no-ids", "error"]
     assert (recs.loc["exact", "verdict"], recs.loc["split", "verdict"], recs.loc["think", "label"]) == (
@@ -105,7 +108,7 @@ def test_diff_writes_one_row_per_id_of_either_input(diffed):
     think = hunks[hunks["id"] == "think"].iloc[0]
     assert (think["subclass"], think["segment"], think["recon_bytes"]) == ("special_token", "think_end", b"</think>")
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["n_records"] == 11 and meta["status"]["error"] == 6
+    assert meta["n_records"] == 12 and meta["status"]["error"] == 6
 
 
 def test_billing_is_split_into_explained_and_unexplained(diffed):

@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "tokenize": {"core"},
     "reconstruct": {"core", "tokenize"},
     "diff": {"core", "tokenize", "reconstruct"},
-    "engine": {"core", "tokenize"},
+    "engine": {"core", "tokenize", "reconstruct"},
     "eagle3": {"core", "tokenize", "engine"},
     "batch": {"core"},
     "audit": {"core", "tokenize", "reconstruct", "diff", "engine"},

@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..io import atomic_path, write_text
+from ..io import atomic_path, write_figure, write_text
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
 MAX_CHARTS = 24
@@ -301,8 +301,7 @@ figure{{display:inline-block;margin:8px}} img{{max-width:640px}}</style></head><
 
 def _write_png(fig: Figure, path: Path) -> None:
     """Write ``fig`` to ``path`` as a PNG (atomically)."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    write_figure(fig, path, dpi=110)
 
 
 def _interval_columns(df: pd.DataFrame, col: str) -> tuple[str, str] | None:

@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..io import atomic_path, write_json, write_text
+from ..io import atomic_path, write_figure, write_json, write_text
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
 from .billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
 from .report import wilson
@@ -149,8 +149,7 @@ def _title(text: str, data: str) -> str:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

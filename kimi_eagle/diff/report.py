@@ -8,15 +8,22 @@ Every output says whether its numbers come from **simulated** data (a labelled b
 mismatch rates are set by how many effects were injected) or **real** engine/API pairs: the report's
 header, every chart title and ``summary.json["data"]``. Charts are drawn on
 :class:`matplotlib.figure.Figure` objects, so importing this module never touches pyplot's backend.
+
+One bad record never takes down the report: :func:`screen_diff` leaves out every record or hunk whose
+fields cannot be counted (NaN or None in a number an ok record needs, an unknown status or verdict, text
+that is not valid UTF-8), and any unforeseen exception while drawing a chart, rendering a section or one
+example hunk replaces that part with a visible note naming the record and the reason. ``summary.json``
+counts what was left out (``left_out``) and lists why; the report shows the same list near its top.
 """
 from __future__ import annotations
 
 import argparse
 import base64
+import html
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import textwrap
 
@@ -24,9 +31,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..io import atomic_path, write_text
+from ..io import write_figure, write_text
+from ..records import printable_id, storable_text
 from .classify import LABELS, SUBCLASSES, VERDICTS
-from .run import STATUSES, DiffResult, read_diff
+from .run import HUNK_SCHEMA, RECORD_SCHEMA, STATUSES, DiffResult, read_diff
 
 if TYPE_CHECKING:
     from ..tokenize.tokenizer import Tokenizer
@@ -56,6 +64,154 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 def data_kind(records: pd.DataFrame) -> str:
     """``"simulated"`` when the diff carries expected labels (``kimi-eagle simulate``), else ``"real"``."""
     return "simulated" if "expected" in records and records["expected"].notna().any() else "real"
+
+
+# --------------------------------------------------------------------------------------------
+# screening: what cannot be counted is left out, named, and counted — never a crash
+
+TEXT_FIELDS = ("id", "dataset", "status", "error", "verdict", "label", "expected", "provider", "format",
+               "finish_reason", "engine_finish_reason")
+OK_COUNTS = ("n_engine_tokens", "n_recon_tokens", "token_delta", "n_hunks")
+OPTIONAL_COUNTS = ("first_divergence", "billing_explained", "reasoning_explained")
+BILLED_COUNTS = {"billed_completion_tokens": ("billing_delta", "billing_unexplained"),
+                 "billed_reasoning_tokens": ("recon_reasoning_tokens", "reasoning_delta", "reasoning_unexplained")}
+HUNK_KINDS = ("split", "semantic")
+HUNK_COUNTS = ("engine_tok_start", "engine_tok_end", "recon_tok_start", "recon_tok_end", "token_delta")
+LEFT_OUT_PARTS = ("records", "hunks", "example_hunks", "charts", "sections")
+MAX_NOTES = 100  # notes listed in summary.json and the report (the counts cover all of them)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, (float, np.floating)) and math.isnan(value))
+
+
+def _whole_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` is not a whole number (missing, not a number, NaN, infinite, fractional), or None."""
+    if _missing(value):
+        return f"{name} is missing (null or NaN)"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return f"{name} is a {type(value).__name__}, not a number"
+    if not math.isfinite(value) or not float(value).is_integer():
+        return f"{name} is {value!r}, not a whole number"
+    return None
+
+
+def _text_problem(value: Any, name: str) -> str | None:
+    """Why ``value`` is not storable text, or None (missing text is fine: null, or pandas' NaN for it)."""
+    if _missing(value):
+        return None
+    if not isinstance(value, str):
+        return f"{name} is a {type(value).__name__}, not text"
+    if not storable_text(value):
+        return f"{name} is not valid UTF-8 text (a lone surrogate)"
+    return None
+
+
+def record_problem(row: Mapping[str, Any]) -> str | None:
+    """Why one ``records.parquet`` row cannot enter the report's numbers, or None when it can."""
+    if not isinstance(row.get("id"), str):
+        return _text_problem(row.get("id"), "id") or "id is missing"
+    for name in TEXT_FIELDS:
+        if problem := _text_problem(row.get(name), name):
+            return problem
+    status = row.get("status")
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
+    if status != "ok":
+        return None
+    if row.get("verdict") not in VERDICTS:
+        return f"verdict {row.get('verdict')!r} is not one of {', '.join(VERDICTS)}"
+    if not isinstance(row.get("label"), str):
+        return "label is missing"
+    subclasses = row.get("subclasses")
+    if not isinstance(subclasses, (list, tuple, np.ndarray)) or not all(isinstance(c, str) for c in subclasses):
+        return f"subclasses is {subclasses!r}, not a list of names"
+    for name in OK_COUNTS:
+        if problem := _whole_problem(row.get(name), name):
+            return problem
+    for name in OPTIONAL_COUNTS:
+        if not _missing(row.get(name)) and (problem := _whole_problem(row.get(name), name)):
+            return problem
+    frac = row.get("first_divergence_frac")
+    if not _missing(frac) and (isinstance(frac, (bool, np.bool_)) or not isinstance(frac, (int, float, np.number))
+                               or not 0 <= frac <= 1):
+        return f"first_divergence_frac is {frac!r}, not a number in 0..1"
+    for billed, needed in BILLED_COUNTS.items():
+        if _missing(row.get(billed)):
+            continue
+        for name in (billed, *needed):
+            if problem := _whole_problem(row.get(name), name):
+                return problem
+    if not _missing(row.get("engine_canonical")) and not isinstance(row.get("engine_canonical"), (bool, np.bool_)):
+        return f"engine_canonical is {row.get('engine_canonical')!r}, not true or false"
+    return None
+
+
+def hunk_problem(hunk: Mapping[str, Any], counted_ids: set[str]) -> str | None:
+    """Why one ``hunks.parquet`` row cannot enter the report's numbers, or None. ``counted_ids``: the ids of
+    the ok records the report counts."""
+    rid = hunk.get("id")
+    if problem := _text_problem(rid, "id") or (None if isinstance(rid, str) else "id is missing"):
+        return problem
+    if rid not in counted_ids:
+        return f"no ok record {printable_id(rid)!r} in the report"
+    if hunk.get("kind") not in HUNK_KINDS:
+        return f"kind {hunk.get('kind')!r} is not one of {', '.join(HUNK_KINDS)}"
+    for name in ("subclass", "segment"):
+        if problem := _text_problem(hunk.get(name), name):
+            return problem
+    for name in HUNK_COUNTS:
+        if problem := _whole_problem(hunk.get(name), name):
+            return problem
+    return None
+
+
+def _note(part: str, rid: Any, reason: str, **where: Any) -> dict[str, Any]:
+    """One left-out part: ``part`` (record, hunk, example hunk, chart, section), the record's id, why."""
+    return {"part": part, "id": None if rid is None else printable_id(rid), **where, "reason": printable_id(reason)}
+
+
+def _reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def screen_diff(result: DiffResult) -> tuple[DiffResult, list[dict[str, Any]]]:
+    """The records and hunks the report can count (every schema column present), and a note for each one left
+    out: ``{"part": "record" | "hunk", "id", "reason"}`` (hunks also carry ``hunk``, their index)."""
+    notes: list[dict[str, Any]] = []
+    records = result.records.reindex(columns=list(dict.fromkeys([*result.records.columns, *RECORD_SCHEMA.names])))
+    hunks = result.hunks.reindex(columns=list(dict.fromkeys([*result.hunks.columns, *HUNK_SCHEMA.names])))
+    keep = []
+    for row in records.to_dict("records"):
+        try:
+            problem = record_problem(row)
+        except Exception as e:  # a value no check foresaw
+            problem = f"unexpected {_reason(e)}"
+        keep.append(problem is None)
+        if problem is not None:
+            notes.append(_note("record", row.get("id"), problem))
+    records = records[np.array(keep, dtype=bool)] if len(records) else records
+    counted = set(records.loc[records["status"] == "ok", "id"])
+    keep = []
+    for k, hunk in enumerate(hunks.to_dict("records")):
+        try:
+            problem = hunk_problem(hunk, counted)
+        except Exception as e:
+            problem = f"unexpected {_reason(e)}"
+        keep.append(problem is None)
+        if problem is not None:
+            notes.append(_note("hunk", hunk.get("id"), problem, hunk=hunk.get("hunk") if not _missing(hunk.get("hunk")) else k))
+    hunks = hunks[np.array(keep, dtype=bool)] if len(hunks) else hunks
+    return DiffResult(records.reset_index(drop=True), hunks.reset_index(drop=True)), notes
+
+
+def left_out_counts(notes: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json["left_out"]``: how many records, hunks, example hunks, charts and sections were left out,
+    and the first notes saying which and why."""
+    parts = {"record": "records", "hunk": "hunks", "example hunk": "example_hunks", "chart": "charts",
+             "section": "sections"}
+    counts = {name: sum(n["part"] == part for n in notes) for part, name in parts.items()}
+    return {**counts, "notes": notes[:MAX_NOTES]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,8 +340,7 @@ def _title(ax, text: str, data: str | None, fontsize: float = 10.5) -> None:
 def _save(fig: Figure, path: Path) -> Path:
     """Write ``fig`` as a PNG to ``path`` (atomically)."""
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    write_figure(fig, path, dpi=110)
     return path
 
 
@@ -362,23 +517,33 @@ def chart_confusion(table: pd.DataFrame, data: str | None = None) -> Figure:
     return fig
 
 
-def make_charts(result: DiffResult, out: Path, data: str | None = None) -> dict[str, Path]:
+def make_charts(result: DiffResult, out: Path, data: str | None = None,
+                notes: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """Every review chart as a PNG in ``out``; titles say the data kind (``simulated``/``real``, from the
-    records when ``data`` is None)."""
+    records when ``data`` is None). With ``notes``, a chart that fails is left out and noted there
+    (``{"part": "chart", "name", "reason"}``) while the others are drawn; without, the error propagates."""
     rec, hunks = result.records, result.hunks
     data = data or data_kind(rec)
-    figures = {
-        "mismatch_rate_by_dataset": chart_rates(rates_by_dataset(rec), data),
-        "verdicts": chart_verdicts(rec, hunks, data),
-        "hunk_sizes": chart_hunk_sizes(hunks, data),
-        "token_delta": chart_token_delta(rec, data),
-        "first_divergence": chart_first_divergence(rec, data),
-        "billing": chart_billing(rec, data),
+    builders: dict[str, Callable[[], Figure | None]] = {
+        "mismatch_rate_by_dataset": lambda: chart_rates(rates_by_dataset(rec), data),
+        "verdicts": lambda: chart_verdicts(rec, hunks, data),
+        "hunk_sizes": lambda: chart_hunk_sizes(hunks, data),
+        "token_delta": lambda: chart_token_delta(rec, data),
+        "first_divergence": lambda: chart_first_divergence(rec, data),
+        "billing": lambda: chart_billing(rec, data),
+        "confusion": lambda: None if (table := confusion(rec)) is None else chart_confusion(table, data),
     }
-    table = confusion(rec)
-    if table is not None:
-        figures["confusion"] = chart_confusion(table, data)
-    return {name: _save(fig, out / f"{name}.png") for name, fig in figures.items()}
+    charts: dict[str, Path] = {}
+    for name, build in builders.items():
+        try:
+            fig = build()
+            if fig is not None:
+                charts[name] = _save(fig, out / f"{name}.png")
+        except Exception as e:
+            if notes is None:
+                raise
+            notes.append(_note("chart", None, _reason(e), name=name))
+    return charts
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,70 +566,129 @@ def token_run_text(ids: Any, raw: Any, tok: "Tokenizer | None" = None, limit: in
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _hunk_examples(hunks: pd.DataFrame, per_class: int = 3, tok: "Tokenizer | None" = None) -> pd.DataFrame:
+def _hunk_examples(hunks: pd.DataFrame, per_class: int = 3, tok: "Tokenizer | None" = None,
+                   notes: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """Up to ``per_class`` example hunks per class. A hunk whose tokens cannot be shown (odd IDs or bytes) keeps
+    its row with the reason in place of its tokens, and is noted in ``notes``."""
     cols = ["id", "class", "segment", "engine tokens", "reconstructed tokens"]
     if not len(hunks):
         return pd.DataFrame(columns=cols)
     h = hunks.assign(**{"class": hunks["subclass"].fillna(hunks["kind"])})
-    ex = h.groupby("class", sort=True).head(per_class)
-    return pd.DataFrame({"id": ex["id"], "class": ex["class"], "segment": ex["segment"],
-                         "engine tokens": [token_run_text(i, b, tok) for i, b in zip(ex["engine_ids"], ex["engine_bytes"])],
-                         "reconstructed tokens": [token_run_text(i, b, tok)
-                                                  for i, b in zip(ex["recon_ids"], ex["recon_bytes"])]},
-                        columns=cols)
+    rows = []
+    for ex in h.groupby("class", sort=True).head(per_class).to_dict("records"):
+        try:
+            shown = [token_run_text(ex["engine_ids"], ex["engine_bytes"], tok),
+                     token_run_text(ex["recon_ids"], ex["recon_bytes"], tok)]
+        except Exception as e:
+            note = _note("example hunk", ex["id"], _reason(e), hunk=ex.get("hunk"))
+            if notes is not None:
+                notes.append(note)
+            shown = [f"⚠ not shown: {note['reason']}", ""]
+        rows.append([ex["id"], ex["class"], ex["segment"], *shown])
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _section(notes: list[dict[str, Any]], name: str, build: Callable[[], list[str]]) -> list[str]:
+    """``build()``'s HTML parts, or, when it raises, a visible note naming the section and the reason."""
+    try:
+        return build()
+    except Exception as e:
+        note = _note("section", None, _reason(e), name=name)
+        notes.append(note)
+        return [f"<p class='left-out'>⚠ section “{html.escape(name)}” left out: {html.escape(note['reason'])}</p>"]
+
+
+def _left_out_html(notes: list[dict[str, Any]]) -> list[str]:
+    if not notes:
+        return []
+    counts = left_out_counts(notes)
+    said = ", ".join(f"{counts[k]:,} {k.replace('_', ' ')}" for k in LEFT_OUT_PARTS if counts[k])
+    rows = pd.DataFrame([{"part": n["part"], "record": n["id"] if n["id"] is not None else "–",
+                          "where": n.get("name", n.get("hunk", "")), "reason": n["reason"]} for n in notes[:MAX_NOTES]])
+    return ["<h2>Left out of this report</h2>",
+            f"<p class='left-out'>⚠ {said} could not be counted or drawn; the rest of the report stands without them "
+            f"(<code>summary.json[\"left_out\"]</code>){'; first ' + str(MAX_NOTES) + ' listed' if len(notes) > MAX_NOTES else ''}.</p>",
+            _table_html(rows)]
 
 
 def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, Path],
-                tok: "Tokenizer | None" = None) -> str:
+                tok: "Tokenizer | None" = None, notes: list[dict[str, Any]] | None = None) -> str:
+    """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
+    (and a ``section`` entry in ``notes``); ``notes`` (with those of :func:`screen_diff` and the charts) are listed
+    near the top under “Left out of this report”."""
+    notes = notes if notes is not None else []
     img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
-    rates = pd.DataFrame(summary["rates"])
     data = summary.get("data") or data_kind(result.records)
-    parts = [
+
+    def image(name: str, alt: str) -> str:
+        if name in img:
+            return f"<img alt='{alt}' src='data:image/png;base64,{img[name]}'>"
+        why = next((n["reason"] for n in notes if n["part"] == "chart" and n.get("name") == name), "not drawn")
+        return f"<p class='left-out'>⚠ chart “{name}” left out: {html.escape(why)}</p>"
+
+    def verdicts() -> list[str]:
+        return ["<h2>Verdicts</h2>", _table_html(pd.DataFrame([summary["verdict"]])), image("verdicts", "verdicts")]
+
+    def rates() -> list[str]:
+        return ["<h2>Mismatch rate per dataset (Wilson 95% CI)</h2>", _table_html(pd.DataFrame(summary["rates"])),
+                image("mismatch_rate_by_dataset", "mismatch rate")]
+
+    def confusion_table() -> list[str]:
+        if "confusion" not in summary:
+            return []
+        classes = summary["confusion"]["classes"]
+        conf = pd.DataFrame(summary["confusion"]["matrix"], index=classes, columns=classes)
+        conf.insert(0, "expected \\ diff", classes)
+        return ["<h2>Labelled benchmark: confusion table</h2>", _table_html(conf),
+                _table_html(pd.DataFrame(summary["precision_recall"])), image("confusion", "confusion")]
+
+    def billing() -> list[str]:
+        bill = summary["billing"]
+        return [
+            "<h2>Billing reconciliation</h2>",
+            _table_html(pd.DataFrame([{k: v for k, v in bill.items() if not isinstance(v, dict)}])),
+            "<p>Explained by hunk class (engine − reconstructed tokens):</p>",
+            _table_html(pd.DataFrame([bill["explained_by_class"]]) if bill["explained_by_class"] else pd.DataFrame([{"none": 0}])),
+            "<p>Reasoning tokens:</p>", _table_html(pd.DataFrame([bill["reasoning"]])), image("billing", "billing"),
+        ]
+
+    def hunk_charts() -> list[str]:
+        return ["<h2>Hunks</h2>", image("hunk_sizes", "hunk sizes"), image("token_delta", "token delta"),
+                image("first_divergence", "first divergence")]
+
+    def examples() -> list[str]:
+        return [
+            "<h3>Example hunks</h3>",
+            "<p>Each token quoted separately, so a split shows where the boundaries fall "
+            + ("(engine <code>' a' 'n'</code> vs reconstructed <code>' an'</code>).</p>" if tok is not None else
+               "(bytes, then the token IDs; pass a tokenizer to see each token's bytes).</p>"),
+            _table_html(_hunk_examples(result.hunks, tok=tok, notes=notes)),
+        ]
+
+    def errors() -> list[str]:
+        return ["<h2>Errors (first 20)</h2>", _table_html(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
+
+    def counts() -> list[str]:
+        return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["status"].items())
+                + ".</p>"]
+
+    body: list[str] = []
+    for name, build in (("records", counts), ("verdicts", verdicts), ("mismatch rate", rates),
+                        ("confusion table", confusion_table), ("billing", billing), ("hunks", hunk_charts),
+                        ("example hunks", examples), ("errors", errors)):
+        body += _section(notes, name, build)
+    return "\n".join([
         f"<!doctype html><html><head><meta charset='utf-8'><title>kimi-eagle diff report ({data} data)</title><style>",
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table.t{border-collapse:collapse;font-size:13px}",
         "table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}h2{margin-top:1.6em}",
         "img{max-width:100%;border:1px solid #eee}.data{padding:8px 12px;border-radius:4px;font-size:15px}",
         ".data.simulated{background:#fff3e0;border:2px solid #ef6c00}.data.real{background:#e8f5e9;border:2px solid #2e7d32}",
+        ".left-out{background:#ffebee;border:2px solid #c62828;padding:6px 10px;border-radius:4px}",
         "</style></head><body>",
         f"<h1>Engine IDs vs reconstructed IDs — {data} data</h1>",
         f"<p class='data {data}'>{DATA_NOTES.get(data, data)}</p>",
-        f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["status"].items()) + ".</p>",
-        "<h2>Verdicts</h2>",
-        _table_html(pd.DataFrame([summary["verdict"]])),
-        f"<img alt='verdicts' src='data:image/png;base64,{img['verdicts']}'>",
-        "<h2>Mismatch rate per dataset (Wilson 95% CI)</h2>",
-        _table_html(rates),
-        f"<img alt='mismatch rate' src='data:image/png;base64,{img['mismatch_rate_by_dataset']}'>",
-    ]
-    if "confusion" in summary:
-        classes = summary["confusion"]["classes"]
-        conf = pd.DataFrame(summary["confusion"]["matrix"], index=classes, columns=classes)
-        conf.insert(0, "expected \\ diff", classes)
-        parts += ["<h2>Labelled benchmark: confusion table</h2>", _table_html(conf),
-                  _table_html(pd.DataFrame(summary["precision_recall"])),
-                  f"<img alt='confusion' src='data:image/png;base64,{img['confusion']}'>"]
-    bill = summary["billing"]
-    parts += [
-        "<h2>Billing reconciliation</h2>",
-        _table_html(pd.DataFrame([{k: v for k, v in bill.items() if not isinstance(v, dict)}])),
-        "<p>Explained by hunk class (engine − reconstructed tokens):</p>",
-        _table_html(pd.DataFrame([bill["explained_by_class"]]) if bill["explained_by_class"] else pd.DataFrame([{"none": 0}])),
-        "<p>Reasoning tokens:</p>", _table_html(pd.DataFrame([bill["reasoning"]])),
-        f"<img alt='billing' src='data:image/png;base64,{img['billing']}'>",
-        "<h2>Hunks</h2>",
-        f"<img alt='hunk sizes' src='data:image/png;base64,{img['hunk_sizes']}'>",
-        f"<img alt='token delta' src='data:image/png;base64,{img['token_delta']}'>",
-        f"<img alt='first divergence' src='data:image/png;base64,{img['first_divergence']}'>",
-        "<h3>Example hunks</h3>",
-        "<p>Each token quoted separately, so a split shows where the boundaries fall "
-        + ("(engine <code>' a' 'n'</code> vs reconstructed <code>' an'</code>).</p>" if tok is not None else
-           "(bytes, then the token IDs; pass a tokenizer to see each token's bytes).</p>"),
-        _table_html(_hunk_examples(result.hunks, tok=tok)),
-    ]
-    if summary["errors"]:
-        parts += ["<h2>Errors (first 20)</h2>", _table_html(pd.DataFrame(summary["errors"]))]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        *_left_out_html(notes), *body, "</body></html>",
+    ])
 
 
 def write_report(result: DiffResult, out_dir: str | Path, data: str | None = None,
@@ -473,18 +697,22 @@ def write_report(result: DiffResult, out_dir: str | Path, data: str | None = Non
 
     ``data`` (``"simulated"`` or ``"real"``; default: :func:`data_kind` of the records) is stated in the
     summary, the report's header and every chart title. With ``tok`` (the diff's tokenizer) the example-hunk
-    table shows each token's bytes.
+    table shows each token's bytes. Records and hunks that cannot be counted, and charts, sections or example
+    hunks that fail, are left out with a visible note; ``summary["left_out"]`` counts them and says why
+    (``n_records`` counts every input record, ``status`` the ones the report counts).
     """
     out = Path(out_dir)
     data = data or data_kind(result.records)
     if data not in DATA_KINDS:
         raise ValueError(f"data must be one of {DATA_KINDS}, not {data!r}")
-    summary = {"data": data, **summarize_diff(result)}
-    charts = make_charts(result, out, data)
+    screened, notes = screen_diff(result)
+    summary = {"data": data, **summarize_diff(screened), "n_records": len(result.records)}
+    charts = make_charts(screened, out, data, notes)
     summary["charts"] = {k: p.name for k, p in charts.items()}
-    for name, text in (("summary.json", json.dumps(summary, indent=2, default=str)),
-                       ("report.html", render_html(summary, result, charts, tok))):
-        write_text(out / name, text)
+    page = render_html(summary, screened, charts, tok, notes)
+    summary["left_out"] = left_out_counts(notes)
+    write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    write_text(out / "report.html", page)
     return summary
 
 

@@ -5,8 +5,11 @@
 Writes ``DIFF_DIR/records.parquet`` — one row for every id in either input, with ``status``
 ``ok``, ``missing_engine`` (reconstructed only), ``missing_api`` (engine only) or ``error``
 (unparseable or invalid engine record, failed reconstruction, duplicate id, out-of-range IDs) and
-the reason — and ``DIFF_DIR/hunks.parquet``, one row per differing run. Nothing is dropped: the
-record count is the size of the union of the two inputs' ids (plus unparseable engine lines).
+the reason — and ``DIFF_DIR/hunks.parquet``, one row per differing run. Nothing is dropped: every
+reconstructed row and every engine line (each JSON value of it) is in exactly one records row. Per id,
+the first *valid* record of each input wins; every later one is an ``error`` row naming the first
+(``duplicate id 'X' in the engine input (first valid record at engine line N)``), so an id can have
+more than one row: the pair's, then one per extra record.
 """
 from __future__ import annotations
 
@@ -79,17 +82,32 @@ class DiffResult:
 # inputs
 
 
-def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
-    """Every engine line by id; bad lines and bad records become entries with an ``error``."""
-    entries: dict[str, EngineEntry] = {}
-    seen: Counter[str] = Counter()
+class EngineRecords(dict):
+    """The engine input as ``{id: the entry that stands for the id}`` — its first *valid* record, else its first
+    record — with ``all``: every entry in input order, nothing dropped. A later valid record with an id that a
+    valid one already holds carries the error ``duplicate id 'X' in the engine input (first valid record at
+    engine line N)``; an invalid record never claims an id."""
+
+    def __init__(self, entries: list[EngineEntry]) -> None:
+        super().__init__()
+        self.all = entries
+        for entry in entries:
+            held = self.get(entry.id)
+            if held is None or (held.error and not entry.error):
+                self[entry.id] = entry
+
+
+def read_engine(path: str | Path, tok: Tokenizer) -> EngineRecords:
+    """Every engine line as an entry; bad lines, bad records and later duplicates become entries with an ``error``."""
+    entries: list[EngineEntry] = []
+    first_valid: dict[str, int] = {}
     unreadable: Counter[int] = Counter()
     for line in read_jsonl(path):
         if line.error:  # unreadable: a synthetic id no real one can take (kimi_eagle.records.RESERVED_ID)
             unreadable[line.lineno] += 1  # several values on one line: one entry each
             n = unreadable[line.lineno]
             rid = f"<engine line {line.lineno}>" if n == 1 else f"<engine line {line.lineno} value {n}>"
-            entries[rid] = EngineEntry(rid, line.lineno, error=line.error)
+            entries.append(EngineEntry(rid, line.lineno, error=line.error))
             continue
         raw_id = line.obj.get("id") if isinstance(line.obj, dict) else None
         try:
@@ -104,13 +122,14 @@ def read_engine(path: str | Path, tok: Tokenizer) -> dict[str, EngineEntry]:
                 rid = f"<engine line {line.lineno}>"
             reason = str(e) if isinstance(e, RecordError) else f"unexpected {type(e).__name__}: {e}"
             entry = EngineEntry(rid, line.lineno, error=printable_id(f"engine line {line.lineno}: {reason}"))
-        seen[entry.id] += 1
-        if seen[entry.id] > 1:
-            first = entries[entry.id]
-            first.error = f"duplicate id in the engine input (lines {first.line} and {line.lineno})"
-            continue
-        entries[entry.id] = entry
-    return entries
+        if not entry.error:
+            if entry.id in first_valid:
+                entry.error = (f"duplicate id {entry.id!r} in the engine input "
+                               f"(first valid record at engine line {first_valid[entry.id]})")
+            else:
+                first_valid[entry.id] = line.lineno
+        entries.append(entry)
+    return EngineRecords(entries)
 
 
 def _ids_error(tok: Tokenizer, ids: list[int], field: str) -> str | None:
@@ -210,38 +229,60 @@ def _hunk_row(rid: str, dataset: str | None, k: int, hv: HunkVerdict, v: RecordV
 
 def diff_rows(tok: Tokenizer, engine: dict[str, EngineEntry], recon_rows: Iterable[dict[str, Any]],
               labels: dict[str, str] | None = None) -> DiffResult:
-    """Diff every id of either input. Row order: reconstructed order, then engine-only ids."""
+    """Diff every record of either input: one records row per reconstructed row and per engine entry not paired
+    with one (nothing dropped). Per id, the first valid reconstructed row (else its first row) pairs with the
+    engine's first valid record (else its first); every other row or entry with that id is an ``error`` row with
+    its own reason — a later valid one names the first: ``duplicate id 'X' in the ... input (first valid ...)``.
+    Row order: reconstructed order, then the unpaired engine entries in line order.
+
+    ``engine``: :func:`read_engine`'s :class:`EngineRecords` (a plain ``{id: entry}`` dict is taken as is)."""
     labels = labels or {}
+    entries = engine.all if isinstance(engine, EngineRecords) else list(engine.values())
+    primary_engine = engine if isinstance(engine, EngineRecords) else EngineRecords(entries)
+    recon = list(recon_rows)
+    first_ok: dict[str, int] = {}
+    for k, rec in enumerate(recon):
+        if rec.get("status") == "ok":
+            first_ok.setdefault(str(rec["id"]), k)
+    primary_recon: dict[str, int] = {}
+    for k, rec in enumerate(recon):
+        primary_recon.setdefault(str(rec["id"]), first_ok.get(str(rec["id"]), k))
     records: list[dict[str, Any]] = []
     hunks: list[dict[str, Any]] = []
-    seen: Counter[str] = Counter()
-    for rec in recon_rows:
+    paired: set[int] = set()  # id() of the engine entries already in a row
+    for k, rec in enumerate(recon):
         rid = str(rec["id"])
-        seen[rid] += 1
-        if seen[rid] > 1:
-            first = next(r for r in records if r["id"] == rid)
-            first.update(status="error", error="duplicate id in the reconstructed input", verdict=None, label=None)
-            hunks = [h for h in hunks if h["id"] != rid]
+        if k != primary_recon[rid]:
+            first = recon[primary_recon[rid]]
+            where = f"line {first['line']}" if first.get("line") is not None else f"row {primary_recon[rid] + 1}"
+            reason = (f"duplicate id {rid!r} in the reconstructed input (first valid row: {where})"
+                      if rec.get("status") == "ok" else f"reconstruction: {rec.get('error') or rec.get('status')}")
+            records.append(_empty_record(rid, "error", reason, **_recon_fields(rec)))
             continue
-        eng = engine.get(rid)
+        eng = primary_engine.get(rid)
+        if eng is not None:
+            paired.add(id(eng))
+        line = None if eng is None else eng.line
         if rec.get("status") != "ok":
-            row = _empty_record(rid, "error", f"reconstruction: {rec.get('error') or rec.get('status')}", **_recon_fields(rec))
+            row = _empty_record(rid, "error", f"reconstruction: {rec.get('error') or rec.get('status')}",
+                                engine_line=line, **_recon_fields(rec))
         elif eng is None:
             row = _empty_record(rid, "missing_engine", "no engine record with this id", **_recon_fields(rec))
         elif eng.error:
-            row = _empty_record(rid, "error", eng.error, engine_line=eng.line, **_recon_fields(rec))
+            row = _empty_record(rid, "error", eng.error, engine_line=line, **_recon_fields(rec))
         else:
             try:
                 row, hunk_rows = diff_record(tok, eng, rec)
             except Exception as e:  # a record the checks did not foresee becomes its own error row
-                row, hunk_rows = _empty_record(rid, "error", f"unexpected {type(e).__name__}: {e}", engine_line=eng.line,
+                row, hunk_rows = _empty_record(rid, "error", f"unexpected {type(e).__name__}: {e}", engine_line=line,
                                                **_recon_fields(rec)), []
             hunks += hunk_rows
         records.append(row)
-    for rid, eng in engine.items():
-        if rid not in seen:
+    for eng in entries:
+        if id(eng) not in paired:
             status = "error" if eng.error else "missing_api"
-            records.append(_empty_record(rid, status, eng.error or "no reconstructed row with this id", engine_line=eng.line))
+            records.append(_empty_record(eng.id, status, eng.error or "no reconstructed row with this id",
+                                         engine_line=eng.line))
     for row in records:
         row["expected"] = labels.get(row["id"])
     return DiffResult(pa.Table.from_pylist(records, schema=RECORD_SCHEMA).to_pandas(),

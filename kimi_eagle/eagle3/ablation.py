@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
-from ..io import atomic_path, write_json, write_jsonl
+from ..io import write_figure, write_json, write_jsonl
 from .hidden import Row, extract, load_rows, load_target
 
 if TYPE_CHECKING:
@@ -262,6 +262,5 @@ def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", t
 
 def _saved(fig: "Figure", path: str | Path | None) -> "Figure":
     if path is not None:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=110)
+        write_figure(fig, path, dpi=110)
     return fig

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
-from ..io import atomic_path, read_jsonl, write_json
+from ..io import read_jsonl, write_figure, write_json
 from ..tokenize.tokenizer import HFTokenizer
 from .hidden import load_target
 from .model import load_drafter
@@ -197,8 +197,7 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
     ax.legend(fontsize=8)
     fig.tight_layout()
     if path is not None:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=110)
+        write_figure(fig, path, dpi=110)
     return fig
 
 

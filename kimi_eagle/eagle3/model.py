@@ -324,7 +324,8 @@ def shift_left(x: torch.Tensor, n: int, fill: float | int = 0) -> torch.Tensor:
 
 
 def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagle3Drafter:
-    """Load a native drafter, or an exported SGLang/vLLM one (embeddings then come from ``target_dir``)."""
+    """Load a native drafter, an exported SGLang/vLLM one, or a speculators EAGLE-3 checkpoint
+    (:mod:`.interop.speculators_import`); embeddings a checkpoint lacks come from ``target_dir``."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -332,6 +333,17 @@ def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagl
     state = load_file(str(path / "model.safetensors"))
     if raw.get("format") == NATIVE_FORMAT:
         model = Eagle3Drafter(Eagle3Config(**raw["config"]))
+        model.load_state_dict(state)
+        return model
+    if raw.get("speculators_model_type") == "eagle3":  # trained or saved by speculators (Eagle3DraftModel)
+        from .interop.speculators_import import kit_drafter_parts
+
+        config, state = kit_drafter_parts(path, target_dir)
+        model = Eagle3Drafter(Eagle3Config(**config))
+        if "embed_tokens.weight" not in state:
+            if target_dir is None:
+                raise ValueError(f"{path}: this speculators checkpoint carries no embeddings; pass the target directory")
+            state["embed_tokens.weight"] = target_tensor(target_dir, "embed_tokens.weight")
         model.load_state_dict(state)
         return model
     if "LlamaForCausalLMEagle3" not in (raw.get("architectures") or []):

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
+from ..io import JsonlAppender, atomic_path, read_jsonl, write_figure, write_json, write_jsonl
 from . import draft_vocab
 from .interop.layouts import open_hidden_states
 from .model import Eagle3Drafter, shift_left, target_tensor
@@ -212,7 +212,8 @@ def train_drafter(cfg: TrainConfig) -> dict:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
-    if distributed and not dist.is_initialized():
+    owns_group = distributed and not dist.is_initialized()  # torchrun started us: the group is ours to end
+    if owns_group:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
     out = Path(cfg.out)
@@ -321,6 +322,8 @@ def train_drafter(cfg: TrainConfig) -> dict:
         write_json(out / "train_metrics.json", summary, indent=1)
     if distributed:
         dist.barrier()
+    if owns_group:  # without this, gloo's threads may still run at exit and abort the process
+        dist.destroy_process_group()
     return summary
 
 
@@ -393,8 +396,7 @@ def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | 
 
 def _saved(fig: "Figure", path: str | Path | None) -> "Figure":
     if path is not None:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=110)
+        write_figure(fig, path, dpi=110)
     return fig
 
 

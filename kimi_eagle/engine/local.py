@@ -12,6 +12,10 @@ Chat formats (how messages become prompt IDs; the names are the reconstruction's
   template, for base models such as stories260K.
 - ``hf-template``: the tokenizer's own Jinja chat template, rendered with the generation prompt
   and encoded with special tokens allowed (``template`` is accepted as an older name for it).
+- ``kimi-k2.5``: Kimi-K2.5's native format (messages and tools rendered by the reconstruction's K2.5
+  renderer, kimi_eagle.engine.kimi_format); the default for a model directory with a ``kimi_ids.json``
+  row map (kimi_eagle.engine.tiny_kimi), which also makes ``<|im_end|>`` the stop token. Such a model
+  samples rows; the engine maps them to Kimi IDs, so prompts and outputs are always Kimi IDs.
 
 ``kimi-eagle generate PROMPTS.jsonl -o ENGINE.jsonl --model DIR`` (or ``python -m kimi_eagle.engine.local``)
 samples every prompt line and writes one engine record per line.
@@ -35,8 +39,9 @@ from typing import Any, Iterable, Sequence
 
 from ..io import atomic_path, read_jsonl
 from ..tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+from .id_map import IdMap, IdMapError
 
-CHAT_FORMATS = ("plain", "hf-template")
+CHAT_FORMATS = ("plain", "hf-template", "kimi-k2.5")
 CHAT_FORMAT_ALIASES = {"template": "hf-template"}  # older names still accepted on input
 STOP_TOKEN_TEXTS = ("</s>", "<|endoftext|>", "<|im_end|>")  # stop tokens when the config names no eos
 
@@ -163,7 +168,10 @@ class Engine:
     """An HF causal LM plus its tokenizer, sampling one sequence at a time (thread-safe)."""
 
     def __init__(self, model: Any, tok: Tokenizer, name: str, chat_format: str | None = None,
-                 eos_ids: Sequence[int] = (), bos_id: int | None = None, context_length: int | None = None) -> None:
+                 eos_ids: Sequence[int] = (), bos_id: int | None = None, context_length: int | None = None,
+                 id_map: IdMap | None = None) -> None:
+        """``id_map``: the model's rows are these token IDs (a tiny model over part of a vocabulary); prompts are
+        mapped to rows before the model and sampled rows back to IDs, so callers only ever see token IDs."""
         import torch
 
         self.torch = torch
@@ -173,6 +181,7 @@ class Engine:
         self.eos_ids = list(eos_ids)
         self.bos_id = bos_id
         self.context_length = context_length
+        self.id_map = id_map
         self.precision = "float32"  # set by from_dir; see kimi_eagle.engine.precision
         template = getattr(tok, "chat_template", None)
         self.chat_format = chat_format_name(chat_format) if chat_format else "hf-template" if template else "plain"
@@ -182,6 +191,7 @@ class Engine:
             raise EngineError(f"{name}: the tokenizer has no chat template; use the plain format")
         self._lock = threading.Lock()
         self._compiled_template: Any = None
+        self._kimi_renderer: Any = None
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5.x renamed it
 
@@ -192,7 +202,9 @@ class Engine:
         """Load ``model_dir`` (weights + ``tokenizer.json``) on the CPU in float32, then convert it to ``precision``
         (kimi_eagle.engine.precision: ``float32``, ``bfloat16``, ``float16``, or ``int8`` weight quantization).
 
-        ``stop_ids`` replaces the config's ``eos_token_id`` as the tokens that end a generation.
+        ``stop_ids`` replaces the config's ``eos_token_id`` as the tokens that end a generation. A directory with a
+        ``kimi_ids.json`` row map (kimi_eagle.engine.tiny_kimi) is served in ``kimi-k2.5`` with ``<|im_end|>`` as the
+        stop unless told otherwise.
         """
         from .precision import PRECISIONS, apply_precision
 
@@ -213,29 +225,42 @@ class Engine:
         model = apply_precision(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), precision)
         tok = load_tokenizer(model_dir)
         eos = config.eos_token_id
+        id_map = IdMap.load(model_dir) if IdMap.present(model_dir) else None
+        if id_map is not None:  # the config's ids are rows: the stop is Kimi's end of turn, the format K2.5
+            eos = tok.special_id_by_text["<|im_end|>"]
+            chat_format = chat_format or "kimi-k2.5"
         eos_ids = list(stop_ids) if stop_ids else [eos] if isinstance(eos, int) else list(eos or [])
         if not eos_ids and isinstance(tok, HFTokenizer):
             eos_ids = [i for i, text in tok.special_text_by_id.items() if text in STOP_TOKEN_TEXTS]
         context = getattr(config, "max_position_embeddings", None)
         engine = cls(model, tok, name or default_model_name(model_dir), chat_format, eos_ids,
-                     config.bos_token_id, context)
+                     None if id_map is not None else config.bos_token_id, context, id_map)
         engine.precision = precision
         return engine
 
     # ---- prompts
 
-    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
-        """Render chat ``messages`` in this engine's chat format."""
+    def prompt_ids(self, messages: Sequence[dict], tools: list | None = None) -> list[int]:
+        """Render chat ``messages`` (and ``tools``, for the formats that declare them) in this engine's chat format."""
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise EngineError("messages must be a non-empty list of objects")
         if self.chat_format == "plain":
             return plain_prompt_ids(self.tok, messages, self.bos_id)
+        if self.chat_format == "kimi-k2.5":
+            from .kimi_format import KimiPromptError, KimiPromptRenderer
+
+            if self._kimi_renderer is None:
+                self._kimi_renderer = KimiPromptRenderer(self.tok)
+            try:
+                return self._kimi_renderer.prompt_ids(messages, tools)
+            except KimiPromptError as e:
+                raise EngineError(str(e)) from None
         import jinja2
 
         config = getattr(self.tok, "config", {})
         try:
             text = self._template().render(
-                messages=messages, add_generation_prompt=True,
+                messages=messages, add_generation_prompt=True, **({"tools": tools} if tools else {}),
                 bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")))
         except (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError) as e:
             # SecurityError (a TemplateError): the template reached for unsafe attributes or mutated its input;
@@ -278,13 +303,19 @@ class Engine:
         used = SamplingParams(sampling.temperature, sampling.top_p, seed, sampling.max_tokens)
         gen = torch.Generator().manual_seed(seed)
         eos = set(self.eos_ids)
+        rows = self.id_map
+        try:
+            model_prompt = rows.to_rows(prompt) if rows is not None else prompt
+        except IdMapError as e:
+            raise EngineError(f"{self.name}: {e}") from None
         out: list[int] = []
         finish = "length"
         start = time.perf_counter()
         with self._lock, torch.inference_mode():
-            result = self.model(input_ids=torch.tensor([prompt]), use_cache=True)
+            result = self.model(input_ids=torch.tensor([model_prompt]), use_cache=True)
             while True:
-                token = self._sample(result.logits[0, -1], used, gen)
+                row = self._sample(result.logits[0, -1], used, gen)
+                token = rows.kimi_ids[row] if rows is not None else row
                 out.append(token)
                 if token in eos:
                     finish = "stop"
@@ -292,7 +323,7 @@ class Engine:
                 if len(out) >= max_new:
                     break
                 cache = getattr(result, self._cache_arg, None)
-                result = self.model(input_ids=torch.tensor([[token]]), use_cache=True, **{self._cache_arg: cache})
+                result = self.model(input_ids=torch.tensor([[row]]), use_cache=True, **{self._cache_arg: cache})
         return Generation(prompt, out, finish, used, time.perf_counter() - start)
 
     def _sample(self, logits: Any, sp: SamplingParams, gen: Any) -> int:
@@ -328,7 +359,8 @@ def generate_records(engine: Engine, prompts: Iterable[dict], sampling: Sampling
         try:
             if not isinstance(p, dict):
                 raise EngineError("prompt line is not a JSON object")
-            ids = engine.prompt_ids(p["messages"]) if "messages" in p else engine.text_prompt_ids(p.get("prompt"))
+            ids = (engine.prompt_ids(p["messages"], p.get("tools")) if "messages" in p
+                   else engine.text_prompt_ids(p.get("prompt")))
             seed = p.get("seed", None if sampling.seed is None else sampling.seed + i)
             gen = engine.generate(ids, SamplingParams(sampling.temperature, sampling.top_p, seed, sampling.max_tokens))
             yield engine_record(rid, gen, engine.name, engine.chat_format)
@@ -341,7 +373,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="engine-record JSONL to write")
     p.add_argument("--model", required=True, help="HF model directory")
     p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
-                   help="default: hf-template if the tokenizer has a chat template, else plain")
+                   help="default: kimi-k2.5 for a model with a kimi_ids.json row map (tiny-kimi), else hf-template "
+                        "if the tokenizer has a chat template, else plain")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, help="seed of the first prompt; prompt i uses seed + i")

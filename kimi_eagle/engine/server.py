@@ -13,6 +13,12 @@ start-up, in ``GET /v1/models`` and in the ``X-Chat-Format`` response header. Fa
 (kimi_eagle.engine.faults) are off unless flags set them; ``--admin`` adds ``GET/POST /admin/faults``
 and ``GET /admin/stats``; ``--api-key-env NAME`` makes the server require
 ``Authorization: Bearer $NAME`` (401 otherwise), like a real API.
+
+In the ``kimi-k2.5`` chat format (a tiny-kimi model, kimi_eagle.engine.tiny_kimi) the request's
+``messages`` and ``tools`` are rendered by the K2.5 renderer, generation stops at ``<|im_end|>``, and
+the sampled IDs are parsed by the kit's Kimi parser (kimi_eagle.reconstruct.parse) into
+``reasoning``, ``content`` and ``tool_calls`` with ``finish_reason`` ``stop``/``tool_calls``/``length``,
+as SGLang/vLLM's Kimi parsers answer; the engine record logs the parser's flags as ``parse_flags``.
 """
 from __future__ import annotations
 
@@ -237,7 +243,7 @@ class App:
             sampling = _sampling(body)
             if chat:
                 _check_text(body.get("messages"), "messages")
-                prompt_ids = engine.prompt_ids(body.get("messages"))
+                prompt_ids = engine.prompt_ids(body.get("messages"), body.get("tools"))
             else:
                 _check_text(body.get("prompt"), "prompt")
                 prompt_ids = engine.text_prompt_ids(body.get("prompt"))
@@ -253,19 +259,33 @@ class App:
             self.stats["errors"] += 1
             return JSONResponse(_error_body(400, f"invalid request: {type(e).__name__}: {e}"[:500]), status_code=400,
                                 headers=headers)
-        response = self._response(gen, chat, provider, engine)
+        parse_flags: list[str] = []
+        response = self._response(gen, chat, provider, engine, parse_flags)
         if fault.kind in ("truncate", "drop"):
             return _BrokenResponse(response, fault, headers)
+        extra = {"parse_flags": parse_flags} if chat and engine.chat_format == "kimi-k2.5" else {}
         self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, engine.name,
                                       engine.chat_format, response_id=response["id"], provider=provider,
-                                      precision=engine.precision))
+                                      precision=engine.precision, **extra))
         self.stats["delivered"] += 1
         return JSONResponse(response, headers=headers)
 
-    def _response(self, gen: Generation, chat: bool, provider: str, engine: Engine) -> dict[str, Any]:
+    def _response(self, gen: Generation, chat: bool, provider: str, engine: Engine,
+                  parse_flags: list[str] | None = None) -> dict[str, Any]:
+        """The OpenRouter-shaped reply to ``gen``; in ``kimi-k2.5`` the parser's flags are appended to ``parse_flags``."""
         text = engine.text(gen)
         n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
-        if chat:
+        reasoning_tokens = 0
+        if chat and engine.chat_format == "kimi-k2.5":
+            from .kimi_format import kimi_chat_answer
+
+            answer = kimi_chat_answer(gen.output_ids, engine.tok, gen.finish_reason)
+            reasoning_tokens = answer.reasoning_tokens
+            if parse_flags is not None:
+                parse_flags.extend(answer.flags)
+            choice = {"logprobs": None, "finish_reason": answer.finish_reason, "native_finish_reason": answer.finish_reason,
+                      "index": 0, "message": answer.message}
+        elif chat:
             choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
                       "index": 0, "message": {"role": "assistant", "content": text, "refusal": None, "reasoning": None}}
         else:
@@ -279,7 +299,7 @@ class App:
             "created": int(time.time()),
             "choices": [choice],
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-                      "cost": 0, "completion_tokens_details": {"reasoning_tokens": 0}},
+                      "cost": 0, "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}},
         }
 
 

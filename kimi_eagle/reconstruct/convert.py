@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 

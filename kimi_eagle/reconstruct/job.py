@@ -306,8 +306,6 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     streamed into the output in order while workers go on; the output appears atomically at the end.
     ``tokenizer``: an already loaded tokenizer of ``tokenizer_dir`` (saves loading it again).
     """
-    from tqdm import tqdm
-
     in_path, out_path = Path(in_path), Path(out_path)
     check_arguments(in_path, out_path, format_name, workers, shard_size)
     tok = tokenizer or load_tokenizer(tokenizer_dir)

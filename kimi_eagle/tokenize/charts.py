@@ -10,7 +10,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..io import atomic_path
+from ..io import write_figure
 from .tokenizer import Tokenizer
 
 
@@ -75,8 +75,7 @@ def special_id_figure(tok: Tokenizer) -> Figure:
 
 def _write_png(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` as a PNG (atomically)."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+    write_figure(fig, path, dpi=120)
     return Path(path)
 
 

@@ -91,7 +91,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def speculators_payload(token_ids: Sequence[int], aux: torch.Tensor, last_pre_norm: torch.Tensor, dtype: str) -> bytes:
     """One ``hs_{row}.safetensors``: ``token_ids`` int64 [T], ``hidden_states`` [T, 4, H] (aux layers, then the
     last block's pre-norm output) in ``dtype``; ``fp8``: float8_e4m3fn plus ``hidden_states_scales`` fp32
-    [T, 1, 1] (absmax over the token's four layers, :func:`kimi_eagle.eagle3.quant.quantize_fp8`)."""
+    [T, 1, 1] (absmax over the token's four layers, :func:`kimi_eagle.eagle3.quant.quantize_fp8`: the values and
+    scales of hs-connectors' ``quantize_tensor_to_fp8``, except that an all-zero token gets scale 1, not 1e-12)."""
     from safetensors.torch import save
 
     t, h = last_pre_norm.shape

@@ -1,0 +1,170 @@
+"""The kit's EAGLE-3 trainer side by side with speculators' (the peer) on the same data: training speed and τ.
+
+On stories260K: sample ``--samples`` completions with the local engine (plus ``--eval-prompts`` held out),
+reconstruct their IDs from the API text, export the rows for speculators (``export-data --to speculators``:
+Arrow rows, ``d2t``/``t2d``) and extract the target's hidden states once per layout from the same rows (kit
+shards for ``kimi-eagle train``, ``hs_{row}.safetensors`` for speculators). Then, per seed:
+
+1. the kit: :func:`~kimi_eagle.eagle3.train.train_drafter` (what ``kimi-eagle train`` runs);
+2. the peer: speculators' ``Eagle3DraftModel`` with its own initialisation, data path (``ArrowDataset``,
+   ``shift_batch``, packing ``CollateFn``), TTT forward and ``kl_div`` loss (:mod:`kimi_eagle.eagle3.interop.peer`;
+   its ``Trainer`` needs a GPU, so a minimal loop drives it),
+
+with the same draft vocabulary, TTT length and step weight, batch size, rows per step (the kit's
+``batch_indices`` with the seed), AdamW settings, LR schedule and step count. Training tokens/s (real,
+unpadded tokens of the same rows, loop time only) for both, and the ratio kit/peer. Both drafters are then
+evaluated by the kit's ``evaluate_drafter`` on the same held-out prompts (the peer's saved checkpoint loaded
+by ``load_drafter`` through :mod:`kimi_eagle.eagle3.interop.speculators_import`), greedy and at temperature 1;
+τ with 95 % two-way bootstrap intervals (seeds × prompts) and the paired difference kit − peer
+(:func:`~kimi_eagle.eagle3.ablation.bootstrap_tau`). Prints one JSON summary with the wall time; files under ``--out``.
+
+    python bench/peer_trainer.py [--out runs/bench_peer] [--samples 64] [--steps 60] [--seeds 0,1,2] [--eval-prompts 12]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kimi_eagle.assets import stories_dir
+from kimi_eagle.eagle3.ablation import bootstrap_tau
+from kimi_eagle.eagle3.evaluate import evaluate_drafter
+from kimi_eagle.eagle3.hidden import HiddenStates, extract, load_rows, load_target
+from kimi_eagle.eagle3.interop.export_data import export_data
+from kimi_eagle.eagle3.interop.layouts import arrow_rows, extract_layout
+from kimi_eagle.eagle3.interop.peer import PeerConfig, train_peer
+from kimi_eagle.eagle3.model import load_drafter
+from kimi_eagle.eagle3.train import TrainConfig, batch_indices, read_history, train_drafter
+from kimi_eagle.engine.local import Engine, SamplingParams
+from kimi_eagle.engine.pairs import generate_pairs
+from kimi_eagle.engine.prompts import story_prompts
+from kimi_eagle.io import write_json, write_jsonl
+from kimi_eagle.reconstruct.job import reconstruct_file
+
+
+def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
+    """Rows, the speculators export, hidden states in both layouts and held-out prompts (reused when present)."""
+    recon = out / "recon.parquet"
+    held_path = out / "held_out.jsonl"
+    if not recon.exists() or not held_path.exists():
+        engine = Engine.from_dir(target_dir, "plain")
+        engine_records, api_records = generate_pairs(engine, story_prompts(args.samples + args.eval_prompts, 0),
+                                                     SamplingParams(1.0, 1.0, 0, args.max_tokens))
+        write_jsonl(out / "api.jsonl", api_records[: args.samples])
+        reconstruct_file(out / "api.jsonl", recon, target_dir, "plain", progress=False)
+        write_jsonl(held_path, [{"id": e["id"], "prompt_ids": e["prompt_ids"] + e["output_ids"][:8]}
+                                for e in engine_records[args.samples:]])
+    held_out = [(obj["id"], obj["prompt_ids"]) for obj in map(json.loads, held_path.read_text().splitlines())]
+    rows, skipped = load_rows(recon)
+    kit_dir, spec_dir = out / "hidden-kit", out / "spec"
+    if not (kit_dir / "manifest.json").exists():
+        extract(target_dir, rows, kit_dir, dtype="bf16", skipped=skipped, model=model)
+    if not (spec_dir / "hidden_states" / "manifest.json").exists():
+        cfg = model.config
+        export_data(recon, "speculators", spec_dir, vocab_size=cfg.vocab_size, draft_vocab_size=args.draft_vocab_size,
+                    target=target_dir, n_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size)
+        extract_layout(target_dir, arrow_rows(spec_dir), spec_dir / "hidden_states", "speculators", dtype="bf16",
+                       rows_source=spec_dir, model=model)
+    return kit_dir, spec_dir, held_out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/bench_peer")
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--eval-prompts", type=int, default=12)
+    p.add_argument("--eval-max-new-tokens", type=int, default=48)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--draft-vocab-size", type=int, default=256)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target_dir = str(stories_dir())
+    model = load_target(target_dir)
+    kit_dir, spec_dir, held_out = prepare(out, target_dir, args, model)
+    prep_s = time.perf_counter() - start
+
+    kit_data = HiddenStates(kit_dir)
+    lengths = kit_data.lengths()
+    arrow_index = {r.id: k for k, r in enumerate(arrow_rows(spec_dir))}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runs: dict[str, list[dict]] = {"kit": [], "peer": []}
+    for seed in seeds:
+        steps = [batch_indices(len(kit_data), args.batch_size, 1, 0, s, seed) for s in range(args.steps)]
+        real_tokens = sum(lengths[i] for b in steps for i in b)
+        padded_tokens = sum(len(b) * max(lengths[i] for i in b) for b in steps)
+        kit_out = out / "kit" / f"seed{seed}"
+        t0 = time.perf_counter()
+        summary = train_drafter(TrainConfig(
+            data=str(kit_dir), target=target_dir, out=str(kit_out), steps=args.steps, ttt_steps=args.ttt_steps,
+            batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size, seed=seed,
+            save_every=args.steps, log_every=max(1, args.steps // 10), progress=False))
+        kit_wall = time.perf_counter() - t0
+        kit_loop = padded_tokens / summary["train_tokens_per_s"]  # train_drafter counts padded tokens over its loop
+        history = read_history(kit_out / "train_log.jsonl")
+        peer_out = out / "peer" / f"seed{seed}"
+        t0 = time.perf_counter()
+        peer = train_peer(PeerConfig(str(spec_dir), target_dir, str(peer_out), steps=args.steps, ttt_steps=args.ttt_steps,
+                                     batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size, seed=seed),
+                          kit_data.layer_ids, [[arrow_index[kit_data.row_ids[i]] for i in b] for b in steps])
+        peer_wall = time.perf_counter() - t0
+        kit_drafter, peer_drafter = load_drafter(kit_out / "drafter"), load_drafter(peer_out / "drafter", target_dir)
+        assert torch.equal(kit_drafter.d2t, peer_drafter.d2t), "the two drafters must share the draft vocabulary"
+        for name, path, loop, wall, extra in (
+                ("kit", kit_out / "drafter", kit_loop, kit_wall, {"final_loss": history[-1]["loss"], "final_acc0": history[-1]["acc"][0]}),
+                ("peer", peer_out / "drafter", peer["seconds"], peer_wall,
+                 {"final_loss": round(float(np.mean(peer["losses"][-max(1, args.steps // 10):])), 4),
+                  "final_acc0": round(float(np.mean(peer["acc0"][-max(1, args.steps // 10):])), 4)})):
+            report = evaluate_drafter(target_dir, path, held_out, k=args.k, max_new_tokens=args.eval_max_new_tokens,
+                                      temperatures=(0.0, 1.0), seed=seed, ngram=False, model=model)
+            write_json(out / "eval" / name / f"seed{seed}.json", report, indent=1)
+            runs[name].append({"seed": seed, "loop_s": round(loop, 2), "wall_s": round(wall, 2), "tokens": real_tokens,
+                               "tokens_per_s": round(real_tokens / loop, 1), **extra,
+                               "report": {m: {k: e[k] for k in ("tau", "per_prompt_accepted", "per_prompt_rounds",
+                                                                "identical_to_target_greedy") if k in e}
+                                          for m, e in report["methods"]["eagle3"].items()}})
+        print(json.dumps({"seed": seed, **{n: {k: runs[n][-1][k] for k in ("tokens_per_s", "final_loss", "final_acc0")}
+                                           | {m: e["tau"] for m, e in runs[n][-1]["report"].items()} for n in runs}}), flush=True)
+
+    table = []
+    for mode in ("greedy", "t=1"):
+        arr = {n: (np.array([r["report"][mode]["per_prompt_accepted"] for r in runs[n]]),
+                   np.array([r["report"][mode]["per_prompt_rounds"] for r in runs[n]])) for n in runs}
+        kit_stats = bootstrap_tau(*arr["kit"], reference=arr["peer"])  # delta = kit - peer, paired by seed and prompt
+        peer_stats = bootstrap_tau(*arr["peer"])
+        table.append({"mode": mode, "kit": {k: round(kit_stats[k], 3) for k in ("tau", "lo", "hi")},
+                      "peer": {k: round(peer_stats[k], 3) for k in ("tau", "lo", "hi")},
+                      "kit_minus_peer": {k: round(kit_stats[k], 3) for k in ("delta", "delta_lo", "delta_hi")}
+                      | {"significant": kit_stats["significant"]}})
+    speed = {n: round(sum(r["tokens"] for r in runs[n]) / sum(r["loop_s"] for r in runs[n]), 1) for n in runs}
+    result = {
+        "wall_s": round(time.perf_counter() - start, 1), "prepare_s": round(prep_s, 1),
+        "settings": {k: getattr(args, k) for k in ("samples", "max_tokens", "eval_prompts", "eval_max_new_tokens", "steps",
+                                                   "ttt_steps", "batch_size", "lr", "draft_vocab_size", "k", "seeds", "threads")},
+        "train_tokens_per_s": speed, "speed_ratio_kit_over_peer": round(speed["kit"] / speed["peer"], 2),
+        "final_loss": {n: [r["final_loss"] for r in runs[n]] for n in runs},
+        "final_acc0": {n: [r["final_acc0"] for r in runs[n]] for n in runs},
+        "greedy_identical": {n: [r["report"]["greedy"]["identical_to_target_greedy"] for r in runs[n]] for n in runs},
+        "tau": table,
+    }
+    write_json(out / "peer_trainer.json", {**result, "runs": runs}, indent=1)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
