@@ -18,7 +18,7 @@ by ``load_drafter`` through :mod:`kimi_eagle.eagle3.interop.speculators_import`)
 τ with 95 % two-way bootstrap intervals (seeds × prompts) and the paired difference kit − peer
 (:func:`~kimi_eagle.eagle3.ablation.bootstrap_tau`). Prints one JSON summary with the wall time; files under ``--out``.
 
-    python bench/peer_trainer.py [--out runs/bench_peer] [--samples 64] [--steps 60] [--seeds 0,1,2] [--eval-prompts 12]
+    python bench/peer_trainer.py [--out runs/bench_peer] [--samples 48] [--max-tokens 48] [--steps 40] [--seeds 0,1,2] [--eval-prompts 12]
 """
 from __future__ import annotations
 
@@ -73,14 +73,57 @@ def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
     return kit_dir, spec_dir, held_out
 
 
+def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int = 3) -> list[dict]:
+    """Seconds per training step (forward + backward) of both trainers for batches of 1, 2, 4, 8 rows (the same
+    rows): the kit pads rows into ``[B, T]`` and attends within each row; speculators packs them into one
+    sequence of ``Σ T`` tokens and builds dense ``[ΣT, (k+1)·ΣT]`` masks on the eager path."""
+    from kimi_eagle.eagle3 import draft_vocab
+    from kimi_eagle.eagle3.interop.peer import PeerData, build_model
+    from kimi_eagle.eagle3.model import Eagle3Drafter, target_tensor
+    from kimi_eagle.eagle3.train import TTTLoss, collate
+    from speculators.losses import resolve_loss_config
+    from types import SimpleNamespace
+
+    data = HiddenStates(kit_dir)
+    index = {r.id: k for k, r in enumerate(arrow_rows(spec_dir))}
+    counts = draft_vocab.supervised_counts(((r["input_ids"], r["loss_mask"]) for r in data), data.manifest["vocab_size"])
+    vocab = draft_vocab.build(counts, args.draft_vocab_size)
+    lm_head = target_tensor(target_dir, "lm_head.weight")
+    tcfg = SimpleNamespace(**json.loads((Path(target_dir) / "config.json").read_text()))
+    kit = TTTLoss(Eagle3Drafter.from_target_weights(tcfg, target_tensor(target_dir, "embed_tokens.weight"), lm_head, vocab,
+                                                    data.layer_ids), lm_head[vocab.draft_to_target].float(), args.ttt_steps, 0.8)
+    peer = build_model(PeerConfig(str(spec_dir), target_dir, "", ttt_steps=args.ttt_steps,
+                                  draft_vocab_size=args.draft_vocab_size), data.layer_ids)
+    peer_data, loss_config = PeerData(spec_dir, peer.hidden_size), resolve_loss_config("kl_div", "eager")
+    out = []
+    for n in (1, 2, 4, 8):
+        rows = list(range(n))
+        kb = collate([data[i] for i in rows])
+        pb = peer_data.batch([index[data.row_ids[i]] for i in rows])
+        times = {}
+        for name, step in (("kit", lambda: kit(kb["aux"], kb["input_ids"], kb["loss_mask"], kb["final"])[0]),
+                           ("peer", lambda: peer(**pb, ttt_steps=args.ttt_steps, ttt_step_loss_decay=0.8, loss_config=loss_config)[1])):
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                step().backward()
+                best = min(best, time.perf_counter() - t0)
+            times[name] = best
+        tokens = sum(data.lengths()[i] for i in rows)
+        out.append({"rows": n, "tokens": tokens, "kit_ms_per_token": round(1000 * times["kit"] / tokens, 3),
+                    "peer_ms_per_token": round(1000 * times["peer"] / tokens, 3),
+                    "ratio_peer_over_kit": round(times["peer"] / times["kit"], 1)})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_peer")
-    p.add_argument("--samples", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--samples", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--eval-prompts", type=int, default=12)
     p.add_argument("--eval-max-new-tokens", type=int, default=48)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -88,6 +131,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--scaling", action="store_true", help="only time one step of each trainer for 1, 2, 4, 8 packed rows")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -98,6 +142,9 @@ def main() -> None:
     model = load_target(target_dir)
     kit_dir, spec_dir, held_out = prepare(out, target_dir, args, model)
     prep_s = time.perf_counter() - start
+    if args.scaling:
+        print(json.dumps(scaling(kit_dir, spec_dir, target_dir, args), indent=1))
+        return
 
     kit_data = HiddenStates(kit_dir)
     lengths = kit_data.lengths()
@@ -126,19 +173,21 @@ def main() -> None:
         kit_drafter, peer_drafter = load_drafter(kit_out / "drafter"), load_drafter(peer_out / "drafter", target_dir)
         assert torch.equal(kit_drafter.d2t, peer_drafter.d2t), "the two drafters must share the draft vocabulary"
         for name, path, loop, wall, extra in (
-                ("kit", kit_out / "drafter", kit_loop, kit_wall, {"final_loss": history[-1]["loss"], "final_acc0": history[-1]["acc"][0]}),
+                ("kit", kit_out / "drafter", kit_loop, kit_wall, {"final_loss0": history[-1]["loss"], "final_acc0": history[-1]["acc"][0]}),
                 ("peer", peer_out / "drafter", peer["seconds"], peer_wall,
-                 {"final_loss": round(float(np.mean(peer["losses"][-max(1, args.steps // 10):])), 4),
+                 {"final_loss0": round(float(np.mean(peer["losses"][-max(1, args.steps // 10):])), 4),
                   "final_acc0": round(float(np.mean(peer["acc0"][-max(1, args.steps // 10):])), 4)})):
+            t0 = time.perf_counter()
             report = evaluate_drafter(target_dir, path, held_out, k=args.k, max_new_tokens=args.eval_max_new_tokens,
                                       temperatures=(0.0, 1.0), seed=seed, ngram=False, model=model)
+            eval_s = time.perf_counter() - t0
             write_json(out / "eval" / name / f"seed{seed}.json", report, indent=1)
             runs[name].append({"seed": seed, "loop_s": round(loop, 2), "wall_s": round(wall, 2), "tokens": real_tokens,
-                               "tokens_per_s": round(real_tokens / loop, 1), **extra,
+                               "tokens_per_s": round(real_tokens / loop, 1), "eval_s": round(eval_s, 1), **extra,
                                "report": {m: {k: e[k] for k in ("tau", "per_prompt_accepted", "per_prompt_rounds",
                                                                 "identical_to_target_greedy") if k in e}
                                           for m, e in report["methods"]["eagle3"].items()}})
-        print(json.dumps({"seed": seed, **{n: {k: runs[n][-1][k] for k in ("tokens_per_s", "final_loss", "final_acc0")}
+        print(json.dumps({"seed": seed, **{n: {k: runs[n][-1][k] for k in ("tokens_per_s", "wall_s", "eval_s", "final_loss0", "final_acc0")}
                                            | {m: e["tau"] for m, e in runs[n][-1]["report"].items()} for n in runs}}), flush=True)
 
     table = []
@@ -157,7 +206,8 @@ def main() -> None:
         "settings": {k: getattr(args, k) for k in ("samples", "max_tokens", "eval_prompts", "eval_max_new_tokens", "steps",
                                                    "ttt_steps", "batch_size", "lr", "draft_vocab_size", "k", "seeds", "threads")},
         "train_tokens_per_s": speed, "speed_ratio_kit_over_peer": round(speed["kit"] / speed["peer"], 2),
-        "final_loss": {n: [r["final_loss"] for r in runs[n]] for n in runs},
+        # step 0 of the last tenth of training: kit soft cross-entropy, peer KL (= CE minus the target's entropy)
+        "final_loss0": {n: [r["final_loss0"] for r in runs[n]] for n in runs},
         "final_acc0": {n: [r["final_acc0"] for r in runs[n]] for n in runs},
         "greedy_identical": {n: [r["report"]["greedy"]["identical_to_target_greedy"] for r in runs[n]] for n in runs},
         "tau": table,

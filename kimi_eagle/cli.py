@@ -41,7 +41,7 @@ EXAMPLES: dict[str, str] = {
     "billing": "kimi-eagle billing --reconstructed runs/mine/recon.parquet -o runs/mine/billing",
     "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model ../shared/assets/stories260K",
     "serve": "kimi-eagle serve --model ../shared/assets/stories260K --port 8000",
-    "tiny-kimi": "kimi-eagle tiny-kimi -o runs/tiny_kimi/model --steps 400 --seed 0 --collect 48",
+    "tiny-kimi": "kimi-eagle tiny-kimi -o runs/tiny_kimi/model --steps 150 --seed 0 --collect 48",
     "collect": "kimi-eagle collect prompts.jsonl -o runs/mine/api.jsonl --base-url https://openrouter.ai/api/v1 "
                "--model moonshotai/kimi-k2.5",
     "audit": "kimi-eagle audit prompts.jsonl -o runs/audit --base-url http://127.0.0.1:8000/v1 --model stories260K "

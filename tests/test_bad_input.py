@@ -603,3 +603,16 @@ def test_report_of_an_empty_diff_renders_with_nothing_left_out(tmp_path):
     assert summary["n_records"] == 0 and summary["status"]["ok"] == 0 and summary["verdict"]["exact"] == 0
     assert summary["left_out"] == {"records": 0, "hunks": 0, "example_hunks": 0, "charts": 0, "sections": 0, "notes": []}
     assert len(summary["charts"]) == 6 and "Left out" not in (tmp_path / "report.html").read_text()
+
+
+def test_billing_report_draws_provider_names_with_markup_as_text(tmp_path, kimi):
+    from test_billing import api as billed_api, row
+
+    from kimi_eagle.diff.billing_report import write_billing
+
+    rows = [row(kimi, billed_api("a", provider="$\\frac{$")), row(kimi, billed_api("b", provider="<b>P</b>"), billed=3)]
+    summary = write_billing(kimi, rows, tmp_path)
+    assert summary["left_out"] == {"charts": 0, "sections": 0, "segments": 0, "notes": []}
+    assert len(summary["charts"]) == 4 and [p["provider"] for p in summary["by_provider"]] == ["$\\frac{$", "<b>P</b>", "all"]
+    page = (tmp_path / "report.html").read_text()
+    assert "&lt;b&gt;P&lt;/b&gt;" in page and "<b>P</b>" not in page and page.count("data:image/png;base64,") == 4

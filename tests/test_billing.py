@@ -127,6 +127,14 @@ def test_failed_duplicate_and_foreign_rows_are_kept_as_errors(kimi):
     assert "duplicate id" in got.loc[2, "reason"] and "outside the tokenizer" in got.loc[3, "reason"]
 
 
+def test_the_first_valid_row_of_an_id_counts_even_after_a_failed_one(kimi):
+    failed = {"id": "a", "status": "error", "error": "line 1: not JSON", "dataset": None, "line": 1}
+    good = {**row(kimi, api("a")), "line": 2}
+    got = reconcile_rows(kimi, [failed, good, {**good, "line": 3}])
+    assert list(got["verdict"]) == ["error", "match", "error"]
+    assert got.loc[2, "reason"] == "duplicate id 'a' in the reconstructed input (first valid row: line 2)"
+
+
 def test_simulated_responses_end_to_end_every_record_has_a_verdict(kimi, tmp_path):
     """The kit's simulate output (real conversations, injected effects, usage = engine counts) through
     reconstruct and `kimi-eagle billing`: one verdict per record, and the effects billing can see are named."""

@@ -83,3 +83,41 @@ def test_a_diff_with_errors_and_no_labels_reports_without_confusion(tmp_path, ki
 def test_report_on_a_directory_without_a_diff_is_a_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path), "-o", str(tmp_path / "rep")]) == 2
     assert "no records.parquet here" in capsys.readouterr().err
+
+
+def test_a_chart_or_section_that_fails_is_a_visible_note_and_the_rest_renders(report, tmp_path, monkeypatch):
+    """Fault injection: two parts raise something no check foresaw; the report is still written."""
+    from kimi_eagle.diff import report as report_module
+    from kimi_eagle.diff.run import read_diff
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("drawing <failed>")
+
+    monkeypatch.setattr(report_module, "chart_hunk_sizes", fails)
+    monkeypatch.setattr(report_module, "_hunk_examples", fails)
+    s = report_module.write_report(read_diff(report.parent / "sim" / "diff"), tmp_path)
+    assert {k: v for k, v in s["left_out"].items() if k != "notes"} == {
+        "records": 0, "hunks": 0, "example_hunks": 0, "charts": 1, "sections": 1}
+    assert [(n["part"], n["name"], n["reason"]) for n in s["left_out"]["notes"]] == [
+        ("chart", "hunk_sizes", "RuntimeError: drawing <failed>"),
+        ("section", "example hunks", "RuntimeError: drawing <failed>")]
+    assert set(s["charts"]) == set(CHARTS) - {"hunk_sizes"} and s["status"]["ok"] == 20
+    page = (tmp_path / "report.html").read_text()
+    assert "⚠ chart “hunk_sizes” left out: RuntimeError: drawing &lt;failed&gt;" in page
+    assert "⚠ section “example hunks” left out" in page and page.count("data:image/png;base64,") == len(CHARTS) - 1
+
+
+def test_a_billing_chart_that_fails_is_a_visible_note(tmp_path, kimi, monkeypatch):
+    from test_billing import api, row
+
+    from kimi_eagle.diff import billing_report
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no chart")
+
+    monkeypatch.setattr(billing_report, "chart_gap", fails)
+    s = billing_report.write_billing(kimi, [row(kimi, api("a"), billed=2)], tmp_path)
+    assert (s["left_out"]["charts"], s["left_out"]["sections"]) == (2, 0)
+    assert sorted(s["charts"]) == ["billing_delta", "billing_verdicts_by_provider"]
+    page = (tmp_path / "report.html").read_text()
+    assert "⚠ chart “billing_gap_by_dataset” left out: RuntimeError: no chart" in page

@@ -1,8 +1,11 @@
 """``make demo``: execute every notebook, in order, on the bundled data into ``runs/demo/``,
-then every grid in ``notebooks/grids/`` with ``kimi-eagle batch`` into ``runs/demo/batch/<grid>/``."""
+then tiny-kimi (a small model over Kimi token IDs, ``kimi-eagle tiny-kimi --collect``) served and collected
+into ``runs/demo/tiny_kimi/`` for the grid's real Kimi-format run, then every grid in ``notebooks/grids/`` with
+``kimi-eagle batch`` into ``runs/demo/batch/<grid>/``."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,10 +26,22 @@ def main(argv: list[str] | None = None) -> int:
         executed = execute(notebook, out / notebook.stem, params, progress=False)
         print(f"[demo] {notebook.name} done in {time.perf_counter() - start:.1f}s -> {executed}", flush=True)
     print(f"[demo] all notebooks executed into {out}/")
-    status = run_grids(out / "batch", args.batch_workers)
+    tiny_kimi_status = run_tiny_kimi(out / "tiny_kimi")
+    status = run_grids(out / "batch", args.batch_workers) or tiny_kimi_status
     print(f"[demo] finished in {(time.perf_counter() - began) / 60:.1f} min. Open first:")
     for page in [*sorted(out.glob("*/*/report.html")), *sorted((out / "batch").glob("*/summary.html"))]:
         print(f"[demo]   {page}")
+    return status
+
+
+def run_tiny_kimi(out: Path, prompts: int = 48) -> int:
+    """Build tiny-kimi into ``out/model`` (kept when already built with the same spec and data) and collect ``prompts``
+    glaive prompts through its server into ``out`` (``responses.jsonl``, ``engine.jsonl``); the exit status."""
+    start = time.perf_counter()
+    print(f"[demo] tiny-kimi: build + serve + collect {prompts} glaive prompts ...", flush=True)
+    status = subprocess.run([sys.executable, "-m", "kimi_eagle", "tiny-kimi", "-o", str(out / "model"), "--reuse",
+                             "--collect", str(prompts), "--collect-dir", str(out), "--no-progress"]).returncode
+    print(f"[demo] tiny-kimi done in {time.perf_counter() - start:.1f}s (exit {status}) -> {out}", flush=True)
     return status
 
 

@@ -262,10 +262,9 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
     """
     out: list[dict[str, Any]] = []
     facts: list[tuple[RecordFacts | None, str | None]] = []
-    seen: Counter[str] = Counter()
+    first_valid: dict[str, int | None] = {}  # id -> line of its first ok row (the one that counts)
     for r in rows:
         rid = str(r.get("id"))
-        seen[rid] += 1
         row = {f.name: None for f in BILLING_SCHEMA}
         row.update(id=rid, dataset=r.get("dataset"), provider=r.get("provider") or PROVIDER_UNKNOWN,
                    status="ok", line=_int(r.get("line")), format=r.get("format"), finish_reason=r.get("finish_reason"),
@@ -273,11 +272,14 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
                    billed_completion_tokens=_int(r.get("billed_completion_tokens")),
                    billed_reasoning_tokens=_int(r.get("billed_reasoning_tokens")))
         f = None
-        if seen[rid] > 1:
-            row.update(status="error", error="duplicate id in the reconstructed input")
+        if r.get("status") == "ok" and rid in first_valid:  # the first *valid* row of an id wins
+            where = first_valid[rid]
+            row.update(status="error", error=f"duplicate id {rid!r} in the reconstructed input (first valid row"
+                                             + (f": line {where})" if where is not None else ")"))
         elif r.get("status") != "ok":
             row.update(status="error", error=f"reconstruction: {r.get('error') or r.get('status')}")
         else:
+            first_valid[rid] = row["line"]
             try:
                 f = record_facts(tok, r)
             except (ValueError, KeyError, TypeError) as e:

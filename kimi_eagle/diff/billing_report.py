@@ -15,6 +15,10 @@ interval, which conventions each provider follows), draws the charts and writes:
 
 Everything is labelled as billing-only evidence: a count can agree while the IDs differ (a split that
 merges elsewhere) and a convention can hide a non-canonical split; only an engine diff sees IDs.
+
+A chart, a report section or one record's segment table that fails (an unforeseen value) is replaced by a
+visible note naming the record or part and the reason; the rest is written, and ``summary.json["left_out"]``
+counts what was left out. Provider and dataset names are drawn as literal text (never mathtext) and escaped.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -34,7 +38,7 @@ import pyarrow.parquet as pq
 from ..io import atomic_path, write_figure, write_json, write_text
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
 from .billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
-from .report import wilson
+from .report import MAX_NOTES, _note, _plain, _reason, wilson
 from .run import read_reconstructed
 
 EVIDENCE = "billing-only"
@@ -150,14 +154,14 @@ def _title(text: str, data: str) -> str:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     write_figure(fig, path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
     """Per-record billed − reconstructed completion tokens (clipped ±20), stacked by verdict class."""
     b = records[records["billing_delta"].notna()]
-    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    fig = Figure(figsize=(8.5, 4.2))
+    ax = fig.subplots()
     bins = np.arange(-20.5, 21.5)
     if len(b):
         cls = b["verdict"].map(verdict_class)
@@ -177,7 +181,8 @@ def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
 def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     """Left: gap in % of billed tokens (bootstrap 95% CI), all and unexplained; right: unexplained-record rate (Wilson)."""
     t = table[table["billed_tokens"] > 0].reset_index(drop=True)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 1.8 * len(t) + 4), 4.4))
+    fig = Figure(figsize=(max(10, 1.8 * len(t) + 4), 4.4))
+    ax1, ax2 = fig.subplots(1, 2)
     x = np.arange(len(t))
     for off, what, color, label in ((-0.2, "gap_pct", "#ff8f00", "billed − reconstructed"),
                                     (0.2, "unexplained_gap_pct", "#d32f2f", "unexplained by conventions")):
@@ -186,7 +191,7 @@ def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
         bars = ax1.bar(x + off, v, 0.4, yerr=err, capsize=4, color=color, label=label)
         ax1.bar_label(bars, labels=[f"{val:+.3f}%" for val in v], padding=3, fontsize=7)
     ax1.axhline(0, color="#555", linewidth=0.8)
-    ax1.set_xticks(x, t[by], rotation=20, ha="right")
+    ax1.set_xticks(x, [_plain(v) for v in t[by]], rotation=20, ha="right")  # names are data, never mathtext
     ax1.set(title=_title(f"Token gap in % of billed tokens per {by} (bootstrap 95% CI)", data), xlabel=by,
             ylabel="% of billed completion tokens")
     ax1.legend(fontsize=8)
@@ -195,7 +200,7 @@ def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     bars = ax2.bar(x, rate, 0.6, yerr=err, capsize=4, color=CLASS_COLORS["unexplained"])
     n_billed = t[["match", "explained", "unexplained"]].sum(axis=1)
     ax2.bar_label(bars, labels=[f"{k}/{n}" for k, n in zip(t["unexplained"], n_billed)], padding=3, fontsize=8)
-    ax2.set_xticks(x, t[by], rotation=20, ha="right")
+    ax2.set_xticks(x, [_plain(v) for v in t[by]], rotation=20, ha="right")
     ax2.set_ylim(0, min(1.05, max(0.1, float((rate + err[1]).max()) * 1.25)) if len(t) else 1)
     ax2.set(title=_title(f"Unexplained records per {by} (Wilson 95% CI)", data), xlabel=by,
             ylabel="share of billed records")
@@ -205,12 +210,15 @@ def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
 def chart_verdicts(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     """Records per verdict class for each value of ``by`` (stacked horizontal bars)."""
     t = table[table[by] != "all"]
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(t) + 2.2))
+    fig = Figure(figsize=(9, 0.5 * len(t) + 2.2))
+    ax = fig.subplots()
     left = np.zeros(len(t))
+    y = np.arange(len(t))
+    ax.set_yticks(y, [_plain(v) for v in t[by]])  # names are data, never mathtext
     for c in VERDICTS:
         v = t[c].to_numpy(dtype=float)
         if v.sum():
-            bars = ax.barh(t[by], v, left=left, color=CLASS_COLORS[c], label=c)
+            bars = ax.barh(y, v, left=left, color=CLASS_COLORS[c], label=c)
             ax.bar_label(bars, labels=[f"{int(k)}" if k else "" for k in v], label_type="center", fontsize=8, color="#fff")
             left += v
     ax.set(title=_title(f"Billing verdicts per {by}", data), xlabel="records", ylabel=by)
@@ -219,15 +227,27 @@ def chart_verdicts(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     return _save(fig, path)
 
 
-def make_charts(records: pd.DataFrame, summary: dict[str, Any], out: Path) -> dict[str, Path]:
+def make_charts(records: pd.DataFrame, summary: dict[str, Any], out: Path,
+                notes: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """Every billing chart as a PNG in ``out``. With ``notes``, a chart that fails is left out and noted there
+    (``{"part": "chart", "name", "reason"}``) while the others are drawn; without, the error propagates."""
     data = summary["data"]
     prov, ds = pd.DataFrame(summary["by_provider"]), pd.DataFrame(summary["by_dataset"])
-    return {
-        "billing_delta": chart_delta_histogram(records, out / "billing_delta.png", data),
-        "billing_gap_by_provider": chart_gap(prov, "provider", out / "billing_gap_by_provider.png", data),
-        "billing_gap_by_dataset": chart_gap(ds, "dataset", out / "billing_gap_by_dataset.png", data),
-        "billing_verdicts_by_provider": chart_verdicts(prov, "provider", out / "billing_verdicts_by_provider.png", data),
+    builders = {
+        "billing_delta": lambda path: chart_delta_histogram(records, path, data),
+        "billing_gap_by_provider": lambda path: chart_gap(prov, "provider", path, data),
+        "billing_gap_by_dataset": lambda path: chart_gap(ds, "dataset", path, data),
+        "billing_verdicts_by_provider": lambda path: chart_verdicts(prov, "provider", path, data),
     }
+    charts: dict[str, Path] = {}
+    for name, build in builders.items():
+        try:
+            charts[name] = build(out / f"{name}.png")
+        except Exception as e:  # the failed chart's standalone Figure is simply dropped
+            if notes is None:
+                raise
+            notes.append(_note("chart", None, _reason(e), name=name))
+    return charts
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,44 +271,92 @@ def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, border=0, classes="t", na_rep="–", float_format=lambda v: f"{v:.4g}", escape=True)
 
 
-def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame] | None = None) -> str:
+def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame] | None = None,
+                notes: list[dict[str, Any]] | None = None) -> str:
+    """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
+    (and a ``section`` entry in ``notes``); every note is listed under “Left out of this report”."""
+    notes = notes if notes is not None else []
     img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
     a, data = summary["all"], summary["data"]
     pct = lambda v: "–" if v is None else f"{v:+.3f}%"  # noqa: E731
-    parts = [
+
+    def image(name: str, alt: str) -> str:
+        if name in img:
+            return f"<img alt='{alt}' src='data:image/png;base64,{img[name]}'>"
+        why = next((n["reason"] for n in notes if n["part"] == "chart" and n.get("name") == name), "not drawn")
+        return f"<p class='left-out'>⚠ chart “{name}” left out: {html.escape(why)}</p>"
+
+    def headline() -> list[str]:
+        return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
+                + f". Gap: <b>{pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI {pct(a['gap_pct_lo'])} … "
+                f"{pct(a['gap_pct_hi'])}); unexplained by known conventions: <b>{pct(a['unexplained_gap_pct'])}</b>.</p>"]
+
+    def verdicts() -> list[str]:
+        return ["<h2>Verdicts</h2>", _table(pd.DataFrame([summary["verdict"]])),
+                _table(pd.DataFrame([summary["records_with_convention"] or {"(none)": 0}])),
+                image("billing_delta", "delta histogram")]
+
+    def providers() -> list[str]:
+        return ["<h2>Per provider: gap, unexplained records, conventions followed</h2>",
+                _table(pd.DataFrame(summary["by_provider"])), image("billing_gap_by_provider", "gap per provider"),
+                image("billing_verdicts_by_provider", "verdicts per provider")]
+
+    def datasets() -> list[str]:
+        return ["<h2>Per dataset</h2>", _table(pd.DataFrame(summary["by_dataset"])),
+                image("billing_gap_by_dataset", "gap per dataset")]
+
+    def worst() -> list[str]:
+        return ["<h2>Worst unexplained records</h2>",
+                _table(pd.DataFrame(summary["worst"])) if summary["worst"] else "<p>none</p>"]
+
+    def segment_tables() -> list[str]:
+        out = []
+        for rid, seg in (segments or {}).items():
+            out.append(f"<h3>Segments of {html.escape(rid)}</h3>")
+            out.append(_table(seg) if isinstance(seg, pd.DataFrame) else
+                       f"<p class='left-out'>⚠ segments of record {html.escape(rid)} left out: {html.escape(str(seg))}</p>")
+        return out
+
+    def reasons() -> list[str]:
+        if not summary["no_billing_reasons"]:
+            return []
+        return ["<h2>No billing (why)</h2>",
+                _table(pd.DataFrame([{"reason": k, "records": v} for k, v in summary["no_billing_reasons"].items()]))]
+
+    def errors() -> list[str]:
+        return ["<h2>Errors (first 20)</h2>", _table(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
+
+    body: list[str] = []
+    for name, build in (("headline", headline), ("verdicts", verdicts), ("per provider", providers),
+                        ("per dataset", datasets), ("worst records", worst), ("segments", segment_tables),
+                        ("no billing", reasons), ("errors", errors)):
+        try:
+            body += build()
+        except Exception as e:
+            note = _note("section", None, _reason(e), name=name)
+            notes.append(note)
+            body.append(f"<p class='left-out'>⚠ section “{html.escape(name)}” left out: {html.escape(note['reason'])}</p>")
+    left_out = []
+    if notes:
+        rows = pd.DataFrame([{"part": n["part"], "record": n["id"] if n["id"] is not None else "–",
+                              "where": n.get("name", ""), "reason": n["reason"]} for n in notes])
+        left_out = ["<h2>Left out of this report</h2>",
+                    f"<p class='left-out'>⚠ {len(notes):,} part(s) could not be drawn or rendered; the rest of the report "
+                    "stands without them (<code>summary.json[\"left_out\"]</code>).</p>", _table(rows)]
+    return "\n".join([
         "<!doctype html><html><head><meta charset='utf-8'><title>kimi-eagle billing-only report</title><style>",
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table.t{border-collapse:collapse;font-size:13px}",
         "table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}h2{margin-top:1.6em}",
         ".banner{background:#fff3e0;border:1px solid #ff8f00;padding:.6em 1em}img{max-width:100%;border:1px solid #eee}",
+        ".left-out{background:#ffebee;border:2px solid #c62828;padding:6px 10px;border-radius:4px}",
         "</style></head><body>",
         f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
         "<p class='banner'><b>Billing-only evidence.</b> No engine token IDs were compared: each record's "
         "<code>usage.completion_tokens</code> (and reasoning tokens) is checked against the reconstruction. A matching "
         "count does not prove the same IDs, and a named convention can hide a non-canonical split; only an engine diff "
         f"(<code>kimi-eagle diff --engine</code>) sees IDs. Data: <b>{html.escape(data)}</b>.</p>",
-        f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
-        + f". Gap: <b>{pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI {pct(a['gap_pct_lo'])} … "
-        f"{pct(a['gap_pct_hi'])}); unexplained by known conventions: <b>{pct(a['unexplained_gap_pct'])}</b>.</p>",
-        "<h2>Verdicts</h2>", _table(pd.DataFrame([summary["verdict"]])),
-        _table(pd.DataFrame([summary["records_with_convention"] or {"(none)": 0}])),
-        f"<img alt='delta histogram' src='data:image/png;base64,{img['billing_delta']}'>",
-        "<h2>Per provider: gap, unexplained records, conventions followed</h2>",
-        _table(pd.DataFrame(summary["by_provider"])),
-        f"<img alt='gap per provider' src='data:image/png;base64,{img['billing_gap_by_provider']}'>",
-        f"<img alt='verdicts per provider' src='data:image/png;base64,{img['billing_verdicts_by_provider']}'>",
-        "<h2>Per dataset</h2>", _table(pd.DataFrame(summary["by_dataset"])),
-        f"<img alt='gap per dataset' src='data:image/png;base64,{img['billing_gap_by_dataset']}'>",
-        "<h2>Worst unexplained records</h2>", _table(pd.DataFrame(summary["worst"])) if summary["worst"] else "<p>none</p>",
-    ]
-    for rid, seg in (segments or {}).items():
-        parts += [f"<h3>Segments of {html.escape(rid)}</h3>", _table(seg)]
-    if summary["no_billing_reasons"]:
-        parts += ["<h2>No billing (why)</h2>", _table(pd.DataFrame([{"reason": k, "records": v}
-                                                                     for k, v in summary["no_billing_reasons"].items()]))]
-    if summary["errors"]:
-        parts += ["<h2>Errors (first 20)</h2>", _table(pd.DataFrame(summary["errors"]))]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        *left_out, *body, "</body></html>",
+    ])
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,14 +373,28 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     with atomic_path(out / "billing_records.parquet") as tmp:
         pq.write_table(pa.Table.from_pandas(records, schema=BILLING_SCHEMA, preserve_index=False), tmp)
     summary = summarize_billing(records, data)
-    charts = make_charts(records, summary, out)
-    by_id = {str(r.get("id")): r for r in recon_rows}
-    segments = {w["id"]: segments_table(tok, by_id[w["id"]]) for w in summary["worst"][:3] if w["id"] in by_id}
+    notes: list[dict[str, Any]] = []
+    charts = make_charts(records, summary, out, notes)
+    by_id: dict[str, dict[str, Any]] = {}
+    for r in recon_rows:
+        by_id.setdefault(str(r.get("id")), r)
+    segments: dict[str, pd.DataFrame | str] = {}
+    for w in summary["worst"][:3]:
+        if w["id"] in by_id:
+            try:
+                segments[w["id"]] = segments_table(tok, by_id[w["id"]])
+            except Exception as e:  # one record's odd segments never take down the report
+                notes.append(_note("segments", w["id"], _reason(e)))
+                segments[w["id"]] = notes[-1]["reason"]
     summary["charts"] = {k: p.name for k, p in charts.items()}
     summary["meta"] = meta or {}
+    page = render_html(summary, charts, segments, notes)
+    summary["left_out"] = {**{k: sum(n["part"] == part for n in notes) for part, k in
+                              (("chart", "charts"), ("section", "sections"), ("segments", "segments"))},
+                           "notes": notes[:MAX_NOTES]}
     write_json(out / "summary.json", json.loads(json.dumps(summary, default=str)))
     write_json(out / "metrics.json", metrics(summary))
-    write_text(out / "report.html", render_html(summary, charts, segments))
+    write_text(out / "report.html", page)
     return summary
 
 

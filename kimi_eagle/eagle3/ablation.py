@@ -219,11 +219,14 @@ def first_significant_rate(table: Sequence[Mapping], mode: str) -> float | None:
 
 
 def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None) -> "Figure":
-    """τ per arm with its 95 % bootstrap interval, one panel per decoding mode; also written to ``path``."""
-    import matplotlib.pyplot as plt
+    """τ per arm with its 95 % bootstrap interval, one panel per decoding mode; also written to ``path``.
+
+    A standalone ``Figure`` (no pyplot state): display it, or it is simply garbage-collected."""
+    from matplotlib.figure import Figure
 
     modes = list(dict.fromkeys(r["mode"] for r in table))
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 3.8), squeeze=False)
+    fig = Figure(figsize=(5.5 * len(modes), 3.8))
+    axes = fig.subplots(1, len(modes), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         rows = [r for r in table if r["mode"] == mode]
         y = np.arange(len(rows))[::-1]
@@ -242,10 +245,11 @@ def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None
 def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", title: str = "",
                        path: str | Path | None = None) -> "Figure":
     """τ against the injected re-segmentation rate (0 = the plain reconstructed-IDs arm), one line per
-    decoding mode, with 95 % intervals; also written to ``path``."""
-    import matplotlib.pyplot as plt
+    decoding mode, with 95 % intervals; also written to ``path`` (a standalone ``Figure``)."""
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
     for i, mode in enumerate(dict.fromkeys(r["mode"] for r in table)):
         rows = sorted((r for r in table if r["mode"] == mode and r["ids"] == reference_ids and r["storage"] == "bf16"),
                       key=lambda r: r["inject_rate"])

@@ -9,7 +9,7 @@ real engine.
 What :func:`build_tiny_kimi` does, deterministically for a seed:
 
 1. **Data**: the bundled conversations (glaive tool calls, reasoning-with-tools, the first
-   ``sharegpt_conversations`` ShareGPT ones) converted to API records and rendered by the kit's K2.5
+   ``sharegpt_conversations`` ShareGPT ones, 20 by default) converted to API records and rendered by the kit's K2.5
    renderer; each conversation's last assistant turn (prompt + completion, reasoning and tool calls
    included) is one training document. A conversation that cannot be rendered is counted, with its
    reason, in the manifest.
@@ -50,7 +50,7 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_KIND = "kimi-eagle tiny-kimi"
 TOKENIZER_FILES = ("tiktoken.model", "tokenizer_config.json")
 SOURCES = ("glaive", "reason-tool-use", "sharegpt")
-DEFAULT_STEPS = 400
+DEFAULT_STEPS = 150
 DEFAULT_SEED = 0
 STOP_TEXT = "<|im_end|>"
 
@@ -61,13 +61,13 @@ class TinyKimiSpec:
 
     steps: int = DEFAULT_STEPS
     seed: int = DEFAULT_SEED
-    sharegpt_conversations: int = 60  # ShareGPT is large (7,541 turns, 8 M tokens); the first N conversations
+    sharegpt_conversations: int = 20  # ShareGPT is large (7,541 turns, 8 M tokens); the first N conversations
     hidden_size: int = 128
     intermediate_size: int = 384
     num_layers: int = 4
     num_heads: int = 4
     max_positions: int = 2048
-    seq_len: int = 512
+    seq_len: int = 256
     batch_size: int = 4
     learning_rate: float = 3e-3
     warmup_steps: int = 20
@@ -116,7 +116,7 @@ def _conversation(record_id: str) -> str:
     return record_id.rsplit(":", 1)[0]
 
 
-def training_data(tok: Tokenizer, sharegpt_conversations: int = 60) -> TrainingData:
+def training_data(tok: Tokenizer, sharegpt_conversations: int = 20) -> TrainingData:
     """One document per bundled conversation: its last assistant turn rendered in K2.5 (prompt + completion IDs)."""
     from ..reconstruct.convert import convert
     from ..reconstruct.encoder import PieceEncoder
@@ -217,7 +217,7 @@ def train(model: Any, data: TrainingData, id_map: IdMap, spec: TinyKimiSpec,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
         if progress and (step % 25 == 0 or step == spec.steps - 1):
             print(f"tiny-kimi: step {step + 1}/{spec.steps} loss {losses[-1]:.3f} "
                   f"({time.perf_counter() - began:.0f}s)", file=sys.stderr, flush=True)

@@ -111,8 +111,8 @@ class PeerData:
 
 def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[Sequence[int]]) -> dict:
     """Train speculators' drafter on ``batches`` (Arrow row indices per step, ``cfg.steps`` of them) and save it
-    with its own ``save_pretrained`` into ``cfg.out/drafter``. Returns ``{losses, seconds, tokens,
-    train_tokens_per_s}`` (tokens: real, unpadded tokens fed to the model; seconds: the loop only)."""
+    with its own ``save_pretrained`` into ``cfg.out/drafter``. Returns ``{losses, acc0, seconds, tokens,
+    train_tokens_per_s, drafter}`` (``losses``: step 0's KL per step; ``acc0``: step 0's top-1 agreement) (tokens: real, unpadded tokens fed to the model; seconds: the loop only)."""
     from speculators.losses import resolve_loss_config
 
     model = build_model(cfg, aux_layer_ids)
@@ -134,7 +134,7 @@ def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
         optimizer.step()
         scheduler.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(metrics["loss_0_sum"]))  # step 0's KL (speculators' own per-step metric)
         full_acc0.append(float(metrics["full_acc_0_sum"]) / max(1.0, float(metrics["full_acc_0_total"])))
     seconds = time.perf_counter() - start
     out = Path(cfg.out) / "drafter"
