@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,7 +112,7 @@ def test_a_drafter_trained_and_saved_by_speculators_loads_with_its_logits(peer_r
     assert raw["speculators_model_type"] == "eagle3" and "kimi_eagle" not in raw  # speculators' own file
     kit = load_drafter(path, stories_dir())
     assert kit.config.aux_layer_ids == LAYERS and kit.config.target_num_layers == 5 and kit.config.draft_vocab_size == 64
-    assert torch.equal(kit.d2t, torch.from_numpy(__import__("numpy").load(root / "spec" / "d2t-64.npy")))
+    assert torch.equal(kit.d2t, torch.from_numpy(np.load(root / "spec" / "d2t-64.npy")))
     aux, ids = inputs(2)
     with torch.no_grad():
         ours = kit.unroll(aux, ids, STEPS)

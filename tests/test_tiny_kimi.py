@@ -16,7 +16,7 @@ from kimi_eagle.io import read_jsonl
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.formats import get_format
 from kimi_eagle.reconstruct.job import reconstruct_file
-from kimi_eagle.reconstruct.parse import api_record, parse_completion, reconstruction_options
+from kimi_eagle.reconstruct.parse import parse_completion, reconstruction_options
 from kimi_eagle.reconstruct.record import reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
