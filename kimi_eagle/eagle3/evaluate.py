@@ -203,7 +203,7 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF target model directory")
-    p.add_argument("--draft", help="drafter directory (kimi-eagle train output or an export); omit for the n-gram baseline only")
+    p.add_argument("--draft", help="drafter directory (kimi-eagle train output, an SGLang/vLLM export or a speculators checkpoint); omit for the n-gram baseline only")
     p.add_argument("--prompts", required=True, help=".jsonl with prompt / prompt_ids, or one prompt per line")
     p.add_argument("--k", type=int, default=4, help="draft chain length")
     p.add_argument("--max-new-tokens", type=int, default=64)
