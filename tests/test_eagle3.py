@@ -101,6 +101,30 @@ def test_chain_drafting_computes_what_training_unrolls(drafter, features):
     assert torch.allclose(lg1[0, -1], logits[1][0, n - 1], atol=1e-5)
 
 
+def test_cached_step0_keys_give_the_uncached_proposals(drafter, features):
+    """A DraftCache reuses step-0 keys/values for the longest prefix whose inputs (features and tokens)
+    are unchanged and recomputes only the rest: a growing sequence (by 1 or by a whole accepted chain), a
+    rollback to a shorter prefix and a changed feature row all give the uncached drafter's proposals."""
+    from kimi_eagle.eagle3.model import DraftCache
+
+    ids, aux = features
+    aux_changed = aux.clone()
+    aux_changed[4] += 0.5  # e.g. another prompt that shares the first 4 positions
+    cache = DraftCache()
+    # (features, n committed positions, positions the cache may reuse)
+    calls = [(aux, 2, 0), (aux, 3, 2), (aux, 8, 3), (aux, 9, 8), (aux, 14, 9), (aux, 14, 13), (aux, 6, 5),
+             (aux, 10, 6), (aux_changed, 12, 4)]
+    for feats, n, reusable in calls:
+        assert cache.reusable(feats[:n], ids[1 : n + 1]) == reusable
+        for temperature in (0.0, 1.0):
+            got = drafter.propose(feats[:n], ids[1 : n + 1], 4, temperature, torch.Generator().manual_seed(n), cache=cache)
+            want = drafter.propose(feats[:n], ids[1 : n + 1], 4, temperature, torch.Generator().manual_seed(n))
+            assert got[0] == want[0], (n, temperature)
+            for q_got, q_want in zip(got[1], want[1]):
+                torch.testing.assert_close(q_got, q_want, rtol=1e-5, atol=1e-6)
+        assert len(cache) == n and cache.k.shape[2] == n
+
+
 def test_sampled_proposals_live_in_the_draft_vocab(drafter, features):
     ids, aux = features
     g = torch.Generator().manual_seed(0)

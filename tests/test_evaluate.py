@@ -79,11 +79,52 @@ def test_kv_cached_verification_gives_target_only_greedy_output(target, drafter,
 
 
 def test_kv_cached_and_uncached_verification_agree_when_sampling(target, drafter, prompts):
-    results = []
-    for verifier in (Target(target, [1, 2, 3]), CachedTarget(target, [1, 2, 3])):
-        g = torch.Generator().manual_seed(5)
-        results.append(speculative_generate(verifier, EagleProposer(drafter), prompts[0], 30, 3, 1.0, EOS, g))
-    assert results[0].tokens == results[1].tokens and results[0].accepted == results[1].accepted
+    """The uncached reference (whole sequence through target and drafter each round), the cached target
+    alone and cached target + cached drafter draw the same tokens from the same generator."""
+    for ids in prompts:
+        results = []
+        for verifier, cached_drafter in ((Target(target, [1, 2, 3]), False), (CachedTarget(target, [1, 2, 3]), False),
+                                         (CachedTarget(target, [1, 2, 3]), True)):
+            g = torch.Generator().manual_seed(5)
+            results.append(speculative_generate(verifier, EagleProposer(drafter, cached=cached_drafter), ids, 30, 3, 1.0, EOS, g))
+        assert all(r.tokens == results[0].tokens and r.accepted == results[0].accepted for r in results[1:])
+
+
+class CheckedEagle:
+    """The cached EAGLE-3 proposer, checked every round against the uncached drafter on the same prefix and
+    features; the drafts offered for verification are its own, or ``steer``'s (an oracle: every chain
+    accepted, so whole chains are committed at once; n-gram: a mix), so the cache sees every kind of step."""
+
+    name = "checked-eagle"
+
+    def __init__(self, drafter, steer=None):
+        self.cached, self.uncached, self.steer = EagleProposer(drafter), EagleProposer(drafter, cached=False), steer
+        self.recomputed: list[int] = []  # step-0 positions computed per round
+
+    def propose(self, ids, aux, k, temperature, generator):
+        n = len(ids) - 1
+        reused = self.cached.cache.reusable(aux[:n].float(), torch.tensor(ids[1:]))
+        got = self.cached.propose(ids, aux, k, 0.0, None)
+        want = self.uncached.propose(ids, aux, k, 0.0, None)
+        assert got[0] == want[0]
+        self.recomputed.append(n - reused)
+        return self.steer.propose(ids, aux, k, temperature, generator) if self.steer else got
+
+
+def test_cached_drafter_proposes_as_the_uncached_one_and_recomputes_only_new_positions(target, drafter, prompts):
+    """Rejections (the untrained drafter's own drafts), full acceptance (oracle-steered) and n-gram drafts:
+    greedy output equals target-only greedy, and after the prefill each round's drafter step 0 runs only
+    over the positions committed since the last round (1 + accepted drafts)."""
+    for ids in prompts:
+        want = generate_target_only(target, ids, 40, 0.0, EOS)
+        for steer in (None, Oracle(target), NgramProposer(512)):
+            proposer = CheckedEagle(drafter, steer)
+            got = speculative_generate(CachedTarget(target, [1, 2, 3]), proposer, ids, 40, 4, 0.0, EOS)
+            assert got.tokens == want, steer
+            assert proposer.recomputed[0] == len(ids)  # the prompt plus the target's first token
+            assert proposer.recomputed[1:] == [a + 1 for a in got.accepted[:len(proposer.recomputed) - 1]]
+            if isinstance(steer, Oracle):
+                assert got.accepted == got.proposed and max(got.accepted) == 4  # whole chains committed
 
 
 def test_tau_counts_accepted_drafts_plus_the_target_token(target, prompts):

@@ -6,7 +6,11 @@ sampled, with the EAGLE-3 drafter and with the prompt-lookup n-gram baseline on 
 Greedy outputs are also checked token for token against target-only greedy decoding.
 
 Prompts: ``.jsonl`` lines with ``prompt`` (text; encoded as ``[BOS] + encode(text)``, the ``plain``
-format) or ``prompt_ids``; or a text file with one prompt per line.
+format) or ``prompt_ids``; or a text file with one prompt per line. A target with a ``kimi_ids.json`` row
+map (tiny-kimi) speaks Kimi-K2.5: ``prompt_ids`` are Kimi IDs, ``messages`` (+ ``tools``) lines — e.g. the
+``prompts.jsonl`` of ``kimi-eagle tiny-kimi --collect`` — and text prompts (one user message) are rendered
+in K2.5 with the generation prompt, and every prompt is mapped to the model's rows
+(:mod:`kimi_eagle.eagle3.row_space`); decoding, τ and the greedy check then run in rows.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from ..io import read_jsonl, write_figure, write_json
 from ..tokenize.tokenizer import HFTokenizer
 from .hidden import load_target
 from .model import load_drafter
+from .row_space import id_space, model_ids, target_id_map
 from .speculative import CachedTarget, EagleProposer, NgramProposer, Target, generate_target_only, speculative_generate
 
 if TYPE_CHECKING:
@@ -32,12 +37,16 @@ METHOD_LABELS = {"eagle3": "EAGLE-3", "ngram": "n-gram (prompt lookup)"}
 
 def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, list[int]]]:
     """``[(id, prompt_ids)]``; a bad line raises ValueError naming it. A directory of hidden states (any
-    layout: kit, speculators, SpecForge) gives each row's ids before its first supervised token."""
+    layout: kit, speculators, SpecForge) gives each row's ids before its first supervised token. For a
+    target with a row map the IDs are its rows (see the module docstring)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir():  # hidden states already hold the target's input IDs (rows for a row-mapped target)
         from .interop.layouts import prompts_from_hidden
 
         return prompts_from_hidden(path, target_dir)
+    id_map = target_id_map(target_dir)
+    if id_map is not None:
+        return _kimi_prompts(path, target_dir, id_map)
     tok = HFTokenizer.from_dir(target_dir)
     bos = _bos_id(target_dir)
     encode = lambda text: ([bos] if bos is not None else []) + tok.encode(text)  # noqa: E731
@@ -61,6 +70,40 @@ def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, li
     return prompts
 
 
+def _kimi_prompts(path: Path, target_dir: str | Path, id_map) -> list[tuple[str, list[int]]]:
+    """``load_prompts`` for a row-mapped (Kimi-ID) target: K2.5-rendered prompts as the model's rows."""
+    from ..engine.kimi_format import KimiPromptError, KimiPromptRenderer
+    from ..tokenize.tokenizer import load_tokenizer
+
+    renderer = KimiPromptRenderer(load_tokenizer(target_dir))
+    lines: list[tuple[str, str, dict]] = []  # (id, where, line object)
+    if path.suffix == ".jsonl":
+        for line in read_jsonl(path):
+            if line.error or not isinstance(line.obj, dict):
+                raise ValueError(f"{path}: {line.error or f'line {line.lineno}: not an object'}")
+            lines.append((str(line.obj.get("id", line.lineno)), f"line {line.lineno}", line.obj))
+    else:
+        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if text.strip():
+                lines.append((str(n), f"line {n}", {"prompt": text}))
+    prompts = []
+    for pid, where, obj in lines:
+        text = obj.get("prompt", obj.get("text"))
+        try:
+            if "prompt_ids" in obj:
+                kimi_ids = [int(i) for i in obj["prompt_ids"]]
+            elif "messages" in obj:
+                kimi_ids = renderer.prompt_ids(obj["messages"], obj.get("tools"))
+            elif isinstance(text, str):
+                kimi_ids = renderer.prompt_ids([{"role": "user", "content": text}])
+            else:
+                raise ValueError("needs prompt_ids, messages or prompt")
+            prompts.append((pid, model_ids(kimi_ids, id_map)))
+        except (KimiPromptError, ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {where}: {e}") from None
+    return prompts
+
+
 def _bos_id(target_dir: str | Path) -> int | None:
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     return cfg.get("bos_token_id")
@@ -73,13 +116,15 @@ def _eos_id(model) -> int | None:
 
 def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]], *,
                      k: int = 4, max_new_tokens: int = 64, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
-                     ngram: bool = True, model=None, drafter=None, cached: bool = True) -> dict:
+                     ngram: bool = True, model=None, drafter=None, cached: bool = True,
+                     cached_drafter: bool | None = None) -> dict:
     """Acceptance length of each method at each temperature; returns a JSON-able report.
 
     ``report["methods"][method][mode]`` holds ``tau``, ``rounds``, ``accepted``, ``tokens``, timings
     and per-prompt τ; ``mode`` is ``greedy`` (temperature 0, plus ``identical_to_target_greedy``) or
     ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given) and ``ngram``. ``cached``: verify
-    against a KV-cached target (default) or re-run the whole sequence each round (the reference).
+    against a KV-cached target (default) or re-run the whole sequence each round (the reference);
+    ``cached_drafter`` (default: as ``cached``): keep the drafter's step-0 keys/values between rounds.
     """
     model = model if model is not None else load_target(target_dir)
     eos = _eos_id(model)
@@ -89,11 +134,14 @@ def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, promp
         drafter = load_drafter(draft_dir, target_dir)
     if drafter is not None:
         drafter.eval()
-        proposers.append((EagleProposer(drafter), verifier(model, drafter.config.aux_layer_ids)))
+        cached_drafter = cached if cached_drafter is None else cached_drafter
+        proposers.append((EagleProposer(drafter, cached=cached_drafter), verifier(model, drafter.config.aux_layer_ids)))
     if ngram:
         proposers.append((NgramProposer(model.config.vocab_size), verifier(model)))
     references = {pid: generate_target_only(model, ids, max_new_tokens, 0.0, eos) for pid, ids in prompts} if 0.0 in temperatures else {}
-    report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "kv_cache": cached, "methods": {}}
+    report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "kv_cache": cached,
+                    "drafter_kv_cache": bool(drafter is not None and cached_drafter),
+                    "token_ids": id_space(target_id_map(target_dir)), "methods": {}}
     for proposer, target in proposers:
         per_method = {}
         for temperature in temperatures:
@@ -204,7 +252,8 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF target model directory")
     p.add_argument("--draft", help="drafter directory (kimi-eagle train output, an SGLang/vLLM export or a speculators checkpoint); omit for the n-gram baseline only")
-    p.add_argument("--prompts", required=True, help=".jsonl with prompt / prompt_ids, or one prompt per line")
+    p.add_argument("--prompts", required=True, help=".jsonl with prompt / prompt_ids (for a tiny-kimi target also "
+                   "messages + tools, rendered in K2.5), one prompt per line, or a hidden-state directory")
     p.add_argument("--k", type=int, default=4, help="draft chain length")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 = greedy")

@@ -29,6 +29,7 @@ from ..assets import sha256_file
 from ..io import read_jsonl, write_bytes, write_json
 from .layers import CONVENTION, check_layer_ids, default_layer_ids
 from .quant import FP8_DTYPE, dequantize_fp8, fp8_bytes_per_token, quantize_hidden
+from .row_space import ID_MAP_FILE, ROW_SPACE, model_ids, target_id_map
 
 MANIFEST = "manifest.json"
 FORMAT = "kimi-eagle-hidden/1"
@@ -78,11 +79,15 @@ def row_from_obj(obj: Any, index: int) -> Row:
 LITERAL_MARKER_REASON = "flag literal_marker: marker text that may have been special tokens (keep_literal_marker keeps it)"
 
 
-def load_rows(path: str | Path, keep_literal_marker: bool = False) -> tuple[list[Row], list[dict]]:
+def load_rows(path: str | Path, keep_literal_marker: bool = False,
+              target: str | Path | None = None) -> tuple[list[Row], list[dict]]:
     """Rows from ``.parquet`` (reconstructed rows) or ``.jsonl``; returns ``(rows, skipped)`` where every
     unusable record is in ``skipped`` as ``{index, id, reason}``. Rows flagged ``literal_marker`` (text
     that spells ``</think>``, ``<|im_end|>`` …, which the model may have emitted as special tokens) are
-    skipped unless ``keep_literal_marker``."""
+    skipped unless ``keep_literal_marker``. ``target``: when that model directory has a ``kimi_ids.json``
+    row map (tiny-kimi), the rows' Kimi IDs become its rows (:mod:`kimi_eagle.eagle3.row_space`); a row
+    with an ID the model has no row for is skipped naming it."""
+    id_map = target_id_map(target)
     path = Path(path)
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -97,7 +102,8 @@ def load_rows(path: str | Path, keep_literal_marker: bool = False) -> tuple[list
                 raise ValueError(error)
             if not keep_literal_marker and isinstance(obj, dict) and "literal_marker" in list(obj.get("flags") or ()):
                 raise ValueError(LITERAL_MARKER_REASON)
-            rows.append(row_from_obj(obj, index))
+            row = row_from_obj(obj, index)
+            rows.append(row if id_map is None else Row(row.id, model_ids(row.input_ids, id_map), row.loss_mask))
         except (ValueError, TypeError) as e:
             rid = obj.get("id") if isinstance(obj, dict) else None
             skipped.append({"index": index, "id": None if rid is None else str(rid), "reason": str(e)})
@@ -117,10 +123,10 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
 
 
 def target_hash(path: str | Path) -> str:
-    """sha256 over the target's config and weight files (names and contents)."""
+    """sha256 over the target's config, weight and row-map (``kimi_ids.json``, when present) files (names and contents)."""
     path = Path(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in path.iterdir() if p.name == "config.json" or p.suffix == ".safetensors"):
+    for f in sorted(p for p in path.iterdir() if p.name in ("config.json", ID_MAP_FILE) or p.suffix == ".safetensors"):
         h.update(f"{f.name}:{sha256_file(f)}\n".encode())
     return h.hexdigest()
 
@@ -196,6 +202,12 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_i
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = model if model is not None else load_target(target)
+    vocab_size = int(model.config.vocab_size)
+    id_map = target_id_map(target)
+    outside = next((r for r in rows if r.input_ids and not 0 <= min(r.input_ids) <= max(r.input_ids) < vocab_size), None)
+    if outside is not None:
+        hint = " (it maps Kimi IDs to rows: read the rows with load_rows(..., target=TARGET))" if id_map else ""
+        raise ValueError(f"row {outside.id}: an input ID is outside the target's {vocab_size} rows{hint}")
     n_layers = model.config.num_hidden_layers
     ids = check_layer_ids(layer_ids, n_layers) if layer_ids is not None else default_layer_ids(n_layers)
     max_len = max_len or int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -206,6 +218,8 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, *, layer_i
         "target": str(target), "target_sha256": target_hash(target), "data_sha256": data_hash,
         "shard_rows": shard_rows, "max_len": max_len,
     }
+    if id_map is not None:  # input_ids are the target's rows, not Kimi IDs
+        settings["token_ids"] = ROW_SPACE
     manifest_path = out / MANIFEST
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
@@ -332,7 +346,8 @@ class HiddenStates:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF target model directory")
+    p.add_argument("--target", required=True, help="HF target model directory (with a kimi_ids.json row map, e.g. tiny-kimi, "
+                   "the rows' Kimi IDs are mapped to its rows)")
     p.add_argument("--data", required=True, help="rows: reconstructed .parquet, or .jsonl with input_ids/loss_mask or engine records")
     p.add_argument("-o", "--out", required=True, help="output directory (resumes if it holds a partial extraction)")
     p.add_argument("--layers", help="comma-separated 0-based block-output indices (default: EAGLE-3's low/mid/high)")
@@ -347,7 +362,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    rows, skipped = load_rows(args.data, keep_literal_marker=args.keep_literal_marker)
+    rows, skipped = load_rows(args.data, keep_literal_marker=args.keep_literal_marker, target=args.target)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     t0 = time.perf_counter()
     m = extract(args.target, rows, args.out, layer_ids=layers, dtype=args.dtype, shard_rows=args.shard_rows,

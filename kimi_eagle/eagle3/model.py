@@ -136,9 +136,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]],
-                q_cols: torch.Tensor | None):
+                q_cols: torch.Tensor | None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
         """``x`` [B,S,2H]; ``past[0]`` (if any) holds step-0 keys/values over N columns, masked causally by
-        ``q_cols`` (the column of each query); ``past[1:]`` are aligned with the queries (one key each)."""
+        ``q_cols`` (the column of each query); ``past[1:]`` are aligned with the queries (one key each).
+        ``prefix`` (step 0 only, no ``past``): cached step-0 keys/values of the M positions before these
+        queries, which then sit at columns ``M..M+S-1``. Returns the keys/values of ``x`` alone."""
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
@@ -154,6 +156,10 @@ class Attention(nn.Module):
             k0, v0 = past[0]
             diag_k = [pk for pk, _ in past[1:]] + [k]
             diag_v = [pv for _, pv in past[1:]] + [v]
+        elif prefix is not None:
+            m = prefix[0].shape[2]
+            k0, v0 = torch.cat([prefix[0], k], dim=2), torch.cat([prefix[1], v], dim=2)
+            diag_k, diag_v, q_cols = [], [], torch.arange(m, m + s)
         else:
             k0, v0, diag_k, diag_v, q_cols = k, v, [], [], torch.arange(s)
         n = k0.shape[2]
@@ -193,9 +199,9 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, embeds, hidden, positions, past, q_cols):
+    def forward(self, embeds, hidden, positions, past, q_cols, prefix=None):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        attn, kv = self.self_attn(x, positions, past, q_cols)
+        attn, kv = self.self_attn(x, positions, past, q_cols, prefix)
         h = hidden + attn
         h = h + self.mlp(self.post_attention_layernorm(h))
         return h, kv
@@ -243,10 +249,12 @@ class Eagle3Drafter(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-             past: list[tuple[torch.Tensor, torch.Tensor]] = (), q_cols: torch.Tensor | None = None):
-        """One unroll step: ``hidden`` [B,S,H] (``fc(aux)`` at step 0), ``tokens`` [B,S] target ids.
-        Returns ``(out_hidden [B,S,H], logits [B,S,Vd], (k, v))``."""
-        h, kv = self.midlayer(self.embed_tokens(tokens), hidden, positions, list(past), q_cols)
+             past: list[tuple[torch.Tensor, torch.Tensor]] = (), q_cols: torch.Tensor | None = None,
+             prefix: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """One unroll step: ``hidden`` [B,S,H] (``fc(aux)`` at step 0), ``tokens`` [B,S] target ids;
+        ``prefix``: cached step-0 keys/values of the positions before these (step 0 only).
+        Returns ``(out_hidden [B,S,H], logits [B,S,Vd], (k, v))`` (``k``, ``v`` of these positions only)."""
+        h, kv = self.midlayer(self.embed_tokens(tokens), hidden, positions, list(past), q_cols, prefix)
         return h, self.lm_head(self.norm(h)), kv
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -266,19 +274,24 @@ class Eagle3Drafter(nn.Module):
 
     @torch.no_grad()
     def propose(self, aux: torch.Tensor, next_tokens: torch.Tensor, k: int, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> tuple[list[int], list[torch.Tensor]]:
+                generator: torch.Generator | None = None,
+                cache: "DraftCache | None" = None) -> tuple[list[int], list[torch.Tensor]]:
         """Draft a chain of ``k`` target token ids after a committed sequence ``x[0..n]``.
 
         ``aux`` [n, 3Ht] are the target's features at positions ``0..n-1`` and ``next_tokens`` [n] are
         ``x[1..n]``. Returns the draft ids and, per draft, the proposal distribution over the target
-        vocabulary (one-hot at temperature 0).
+        vocabulary (one-hot at temperature 0). With a ``cache`` (:class:`DraftCache`), step 0 runs only
+        over the positions whose inputs differ from the cached ones (the newly committed positions, when
+        called round after round on a growing sequence) and the cache then holds all ``n``.
         """
         n = next_tokens.shape[0]
-        positions = torch.arange(n)
-        hidden, logits, kv0 = self.step(self.fc(aux[None]), next_tokens[None], positions)
+        m = cache.reusable(aux, next_tokens) if cache is not None else 0
+        hidden, logits, kv0 = self.step(self.fc(aux[None, m:]), next_tokens[None, m:], torch.arange(m, n),
+                                        prefix=cache.keys_values(m) if m else None)
+        if cache is not None:
+            kv0 = cache.store(aux, next_tokens, kv0, m)
         hidden, logits = hidden[:, -1:], logits[:, -1]
         past = [kv0]
-        k0, v0 = kv0
         drafts, dists = [], []
         last_col = torch.tensor([n - 1])
         for j in range(k):
@@ -312,6 +325,46 @@ class Eagle3Drafter(nn.Module):
             save_file(state, str(tmp), metadata={"format": NATIVE_FORMAT})
         write_json(out / "config.json", {"format": NATIVE_FORMAT, "config": asdict(self.config), **(extra or {})}, indent=1)
         return out
+
+
+class DraftCache:
+    """The drafter's step-0 keys/values of a committed prefix, for :meth:`Eagle3Drafter.propose`.
+
+    Step 0 is causal, so its keys/values at position ``t`` depend only on ``aux[0..t]`` and
+    ``next_tokens[0..t]``: they are reused for the longest prefix whose inputs equal (bitwise) the cached
+    ones, and everything after it is dropped (a new prompt, or a sequence that was rolled back). Drafts are
+    never cached — only committed positions are — so a rejection needs no crop here. At least the last
+    position is always recomputed (its output hidden state starts the chain).
+    """
+
+    def __init__(self) -> None:
+        self.aux: torch.Tensor | None = None  # [m, 3Ht] the inputs the keys were computed from
+        self.tokens: torch.Tensor | None = None  # [m]
+        self.k: torch.Tensor | None = None  # [1, kv, m, d]
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.tokens is None else int(self.tokens.shape[0])
+
+    def reusable(self, aux: torch.Tensor, next_tokens: torch.Tensor) -> int:
+        """How many leading positions of ``(aux, next_tokens)`` the cache holds unchanged (< ``len(next_tokens)``)."""
+        m = min(len(self), next_tokens.shape[0] - 1)
+        if m <= 0:
+            return 0
+        same = (self.tokens[:m] == next_tokens[:m]) & (self.aux[:m] == aux[:m]).all(-1)
+        return m if bool(same.all()) else int(same.long().cumprod(0).sum())
+
+    def keys_values(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, :m], self.v[:, :, :m]
+
+    def store(self, aux: torch.Tensor, next_tokens: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor],
+              m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the first ``m`` cached positions plus ``new_kv`` (positions ``m..n-1``); returns all ``n``."""
+        k, v = new_kv
+        if m:
+            k, v = torch.cat([self.k[:, :, :m], k], dim=2), torch.cat([self.v[:, :, :m], v], dim=2)
+        self.aux, self.tokens, self.k, self.v = aux.detach().clone(), next_tokens.clone(), k, v
+        return k, v
 
 
 def shift_left(x: torch.Tensor, n: int, fill: float | int = 0) -> torch.Tensor:

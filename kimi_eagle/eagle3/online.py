@@ -30,7 +30,7 @@ class OnlineHiddenStates:
         n_layers = self.model.config.num_hidden_layers
         self.layer_ids = tuple(check_layer_ids(layer_ids, n_layers) if layer_ids is not None else default_layer_ids(n_layers))
         if isinstance(data, (str, Path)):
-            self.rows, skipped = load_rows(data)
+            self.rows, skipped = load_rows(data, target=target)  # a row-mapped target's rows (row_space)
         else:
             self.rows, skipped = list(data), []
         max_len = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))

@@ -8,6 +8,9 @@ target's argmax (so the output equals target-only greedy decoding); above 0, dra
 ``norm(max(p - q, 0))``, which leaves the target's distribution unchanged. Every round also yields the
 target's own next token, so the acceptance length is τ = accepted drafts per round + 1.
 
+The drafter side is incremental too: :class:`EagleProposer` keeps the drafter's step-0 keys/values of the
+committed prefix between rounds (only committed positions are cached, so rejections need no crop there).
+
 Two verifiers with the same interface: :class:`CachedTarget` (the default in ``evaluate``) keeps an HF
 ``DynamicCache`` of the committed tokens, feeds only the last committed token plus the drafts each round
 and crops the cache back after a rejection; :class:`Target` re-runs the whole sequence each round (the
@@ -22,6 +25,7 @@ from typing import Protocol, Sequence
 import torch
 
 from .hidden import Extractor
+from .model import DraftCache
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -177,12 +181,19 @@ class NgramProposer:
 
 @dataclass
 class EagleProposer:
+    """The EAGLE-3 drafter as a proposer. ``cached`` (default): keep the drafter's step-0 keys/values of
+    the committed prefix between rounds (:class:`~kimi_eagle.eagle3.model.DraftCache`), so each round's
+    step 0 runs only over the newly committed positions; ``False`` re-runs it over the whole sequence."""
+
     drafter: object  # kimi_eagle.eagle3.model.Eagle3Drafter
     name: str = "eagle3"
+    cached: bool = True
+    cache: DraftCache = field(default_factory=DraftCache, repr=False)
 
     def propose(self, ids, aux, k, temperature, generator):
         n = len(ids) - 1  # features for positions 0..n-1, next tokens ids[1..n]
-        return self.drafter.propose(aux[:n].float(), torch.tensor(ids[1:]), k, temperature, generator)
+        return self.drafter.propose(aux[:n].float(), torch.tensor(ids[1:]), k, temperature, generator,
+                                    cache=self.cache if self.cached else None)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from ..io import JsonlAppender, atomic_path, read_jsonl, write_figure, write_jso
 from . import draft_vocab
 from .interop.layouts import open_hidden_states
 from .model import Eagle3Drafter, shift_left, target_tensor
+from .row_space import id_space, target_id_map
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -306,7 +307,9 @@ def train_drafter(cfg: TrainConfig) -> dict:
         if log is not None:
             log.close()
     seconds = time.perf_counter() - start
-    summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "online": cfg.online, "draft_vocab": vocab.report(),
+    token_ids = id_space(target_id_map(cfg.target))  # a row-mapped target (tiny-kimi): the draft vocabulary is its rows
+    summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "online": cfg.online,
+               "token_ids": token_ids, "draft_vocab": vocab.report(),
                "layer_ids": list(data.layer_ids), "data_skipped": data.manifest.get("read_skipped_by_reason", {}),
                "train_tokens_per_s": round(tokens * world / seconds, 1) if seconds else None}
     if distributed:
@@ -318,7 +321,7 @@ def train_drafter(cfg: TrainConfig) -> dict:
             summary.update(final=history[-1])
             _close(plot_history(history, out / "train_curves.png"))
         if step >= cfg.steps:
-            drafter.save(out / "drafter", extra={"draft_vocab": vocab.report(), "training": asdict(cfg)})
+            drafter.save(out / "drafter", extra={"draft_vocab": vocab.report(), "training": asdict(cfg), "token_ids": token_ids})
         write_json(out / "train_metrics.json", summary, indent=1)
     if distributed:
         dist.barrier()
