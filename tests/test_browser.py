@@ -129,7 +129,7 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
             page = context.pages[0] if context.pages else context.new_page()
             page.goto(f"{lab['base']}/lab/tree/inspect.ipynb?token={lab['token']}", timeout=60_000)
             page.wait_for_selector(".jp-Notebook", timeout=90_000)
-            page.wait_for_function("() => window.jupyterapp !== undefined", timeout=30_000)
+            page.wait_for_function("() => window.jupyterapp !== undefined", timeout=90_000)
             wait_for(lambda: kernel_idle(lab), 90, "the notebook's kernel to be ready")
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
@@ -146,7 +146,7 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
                 " const o = s && s.options[s.selectedIndex];"
                 " return o && o.textContent.includes('[tool_args_json_equal]')"
                 " && /hunk 1\\/\\d+/.test(document.querySelector('.ke-inspector-position').textContent); }",
-                timeout=30_000)
+                timeout=90_000)
             record = page.locator(".ke-inspector-record select option:checked").inner_text(timeout=10_000)
             assert "#args_reserialised" in record and "[tool_args_json_equal]" in record
             n = int(re.search(r"hunk 1/(\d+)", position.inner_text(timeout=10_000)).group(1))
@@ -155,7 +155,7 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
             page.locator(".ke-inspector-next button, button.ke-inspector-next").first.click(timeout=10_000)
             page.wait_for_function(
                 f"() => document.querySelector('.ke-inspector-position').textContent.includes('hunk {expected}/{n}')",
-                timeout=30_000)
+                timeout=90_000)
             current = page.locator(".ke-inspector-view .ke-cur")
             assert current.count() == 1
             assert current.get_attribute("data-hunk", timeout=10_000) == str(expected - 1)
@@ -166,7 +166,7 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
                 news.first.click(timeout=5_000)
             # the playground: its checkbox label is shown whole, its comparison names the pasted IDs
             label = page.locator(".ke-playground-allow-special")
-            label.wait_for(state="attached", timeout=30_000)
+            label.wait_for(state="attached", timeout=90_000)
             clipped = label.evaluate("e => [...e.querySelectorAll('label, span')].some("
                                      "x => x.textContent.trim() && x.scrollWidth > x.clientWidth + 1)", timeout=10_000)
             assert not clipped, "the playground's checkbox label is cut off"
@@ -174,7 +174,7 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
 
             current.scroll_into_view_if_needed(timeout=10_000)
             shot = ARTIFACTS / "inspector.png"
-            page.screenshot(path=str(shot), full_page=False, timeout=30_000)
+            page.screenshot(path=str(shot), full_page=False, timeout=90_000)
             assert shot.stat().st_size > 10_000
             assert (lab["root"] / "out" / "metrics.json").is_file()
         finally:
