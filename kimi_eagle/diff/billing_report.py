@@ -23,7 +23,6 @@ counts what was left out. Provider and dataset names are drawn as literal text (
 from __future__ import annotations
 
 import argparse
-import base64
 import html
 import json
 from pathlib import Path
@@ -38,7 +37,7 @@ import pyarrow.parquet as pq
 from ..io import atomic_path, write_figure, write_json, write_text
 from ..tokenize.tokenizer import Tokenizer, load_tokenizer
 from .billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
-from .report import MAX_NOTES, _note, _plain, _reason, wilson
+from .report import MAX_NOTES, _note, _plain, _reason, chart_embedder, wilson
 from .run import read_reconstructed
 
 EVIDENCE = "billing-only"
@@ -276,15 +275,9 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
     """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
     (and a ``section`` entry in ``notes``); every note is listed under “Left out of this report”."""
     notes = notes if notes is not None else []
-    img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
+    image = chart_embedder(charts, notes)
     a, data = summary["all"], summary["data"]
     pct = lambda v: "–" if v is None else f"{v:+.3f}%"  # noqa: E731
-
-    def image(name: str, alt: str) -> str:
-        if name in img:
-            return f"<img alt='{alt}' src='data:image/png;base64,{img[name]}'>"
-        why = next((n["reason"] for n in notes if n["part"] == "chart" and n.get("name") == name), "not drawn")
-        return f"<p class='left-out'>⚠ chart “{name}” left out: {html.escape(why)}</p>"
 
     def headline() -> list[str]:
         return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())

@@ -611,20 +611,27 @@ def _left_out_html(notes: list[dict[str, Any]]) -> list[str]:
             _table_html(rows)]
 
 
+def chart_embedder(charts: dict[str, Path], notes: list[dict[str, Any]]):
+    """``image(name, alt)``: the chart's PNG inlined as an ``<img>``, or a visible note saying why it was left out."""
+    img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
+
+    def image(name: str, alt: str) -> str:
+        if name in img:
+            return f"<img alt='{html.escape(alt, quote=True)}' src='data:image/png;base64,{img[name]}'>"
+        why = next((n["reason"] for n in notes if n["part"] == "chart" and n.get("name") == name), "not drawn")
+        return f"<p class='left-out'>⚠ chart “{html.escape(name)}” left out: {html.escape(why)}</p>"
+
+    return image
+
+
 def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, Path],
                 tok: "Tokenizer | None" = None, notes: list[dict[str, Any]] | None = None) -> str:
     """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
     (and a ``section`` entry in ``notes``); ``notes`` (with those of :func:`screen_diff` and the charts) are listed
     near the top under “Left out of this report”."""
     notes = notes if notes is not None else []
-    img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
+    image = chart_embedder(charts, notes)
     data = summary.get("data") or data_kind(result.records)
-
-    def image(name: str, alt: str) -> str:
-        if name in img:
-            return f"<img alt='{alt}' src='data:image/png;base64,{img[name]}'>"
-        why = next((n["reason"] for n in notes if n["part"] == "chart" and n.get("name") == name), "not drawn")
-        return f"<p class='left-out'>⚠ chart “{name}” left out: {html.escape(why)}</p>"
 
     def verdicts() -> list[str]:
         return ["<h2>Verdicts</h2>", _table_html(pd.DataFrame([summary["verdict"]])), image("verdicts", "verdicts")]
