@@ -299,7 +299,8 @@ def _anchors(ao: list[int], bo: list[int], blocks: list[Block]) -> list[tuple[in
     for i, j, n in blocks:
         for k in range(bisect_left(ao, i), bisect_right(ao, i + n)):
             kb = b_index.get(ao[k] - i + j)
-            if kb is not None and (k, kb) != anchors[-1]:
+            last_k, last_kb = anchors[-1]
+            if kb is not None and k >= last_k and kb >= last_kb and (k, kb) != (last_k, last_kb):  # monotone only
                 anchors.append((k, kb))
     if anchors[-1] != (len(ao) - 1, len(bo) - 1):
         anchors.append((len(ao) - 1, len(bo) - 1))
