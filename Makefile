@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test test-browser bench clean
+.PHONY: install demo test lint test-browser bench clean
 
 $(STAMP): pyproject.toml requirements-interop.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,10 +17,13 @@ $(STAMP): pyproject.toml requirements-interop.txt
 install: $(STAMP)
 
 demo: install
-	$(PY) -m kimi_eagle.batch.demo --out runs/demo
+	$(PY) -m kimi_eagle demo -o runs/demo
+
+lint: install
+	$(PY) -m ruff check kimi_eagle tests bench
 
 # the real-browser test (tests/test_browser.py) runs whenever /usr/bin/chromium exists and skips itself otherwise
-test: install
+test: install lint
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 tests
 
 test-browser: install

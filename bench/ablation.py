@@ -17,7 +17,13 @@ from pathlib import Path
 import torch
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3.ablation import AblationSettings, first_significant_rate, plot_arms, plot_dose_response, run_ablation
+from kimi_eagle.eagle3.ablation import (
+    AblationSettings,
+    first_significant_rate,
+    plot_arms,
+    plot_dose_response,
+    run_ablation,
+)
 from kimi_eagle.engine.local import Engine, SamplingParams
 from kimi_eagle.engine.pairs import generate_pairs
 from kimi_eagle.engine.prompts import story_prompts

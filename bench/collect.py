@@ -1,7 +1,7 @@
 """Collector throughput and overhead against the local server, at concurrency 1, 8 and 32 in one run.
 
 Baseline: a bare ``httpx.AsyncClient`` posting the same requests with the same concurrency (no
-retries, no output file, no resume bookkeeping). Candidate: ``kimi_eagle.engine.collect.collect`` writing
+retries, no output file, no resume bookkeeping). Candidate: ``kimi_eagle.apps.api.collect.collect`` writing
 a fresh responses file. Trials are interleaved and the best of ``--repeats`` is kept for each, to
 beat the noise of a shared machine. Overhead per request = (collector wall - baseline wall) / n.
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 
+from kimi_eagle.apps.api.collect import CollectConfig, collect, load_prompts
+from kimi_eagle.apps.api.server import LocalServer
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine.collect import CollectConfig, collect, load_prompts
 from kimi_eagle.engine.prompts import story_prompts
-from kimi_eagle.engine.server import LocalServer
 from kimi_eagle.io import write_jsonl
 
 MODEL = "stories260K"

@@ -12,10 +12,10 @@ import argparse
 import time
 
 from kimi_eagle.assets import kimi_dir
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.diff.classify import classify
 from kimi_eagle.diff.simulate import load_source_records, simulate_samples
-from kimi_eagle.reconstruct.formats import get_format
-from kimi_eagle.reconstruct.encoder import PieceEncoder
 from kimi_eagle.reconstruct.record import reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer, ids_to_bytes
 

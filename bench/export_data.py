@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kimi_eagle.apps.interop.export_data import TARGETS, export_data
 from kimi_eagle.assets import data_path, stories_dir
-from kimi_eagle.eagle3.interop.export_data import TARGETS, export_data
 from kimi_eagle.tokenize.tokenizer import HFTokenizer
 
 

@@ -7,14 +7,14 @@ shards for ``kimi-eagle train``, ``hs_{row}.safetensors`` for speculators). Then
 
 1. the kit: :func:`~kimi_eagle.eagle3.train.train_drafter` (what ``kimi-eagle train`` runs);
 2. the peer: speculators' ``Eagle3DraftModel`` with its own initialisation, data path (``ArrowDataset``,
-   ``shift_batch``, packing ``CollateFn``), TTT forward and ``kl_div`` loss (:mod:`kimi_eagle.eagle3.interop.peer`;
+   ``shift_batch``, packing ``CollateFn``), TTT forward and ``kl_div`` loss (:mod:`kimi_eagle.apps.interop.peer`;
    its ``Trainer`` needs a GPU, so a minimal loop drives it),
 
 with the same draft vocabulary, TTT length and step weight, batch size, rows per step (the kit's
 ``batch_indices`` with the seed), AdamW settings, LR schedule and step count. Training tokens/s (real,
 unpadded tokens of the same rows, loop time only) for both, and the ratio kit/peer. Both drafters are then
 evaluated by the kit's ``evaluate_drafter`` on the same held-out prompts (the peer's saved checkpoint loaded
-by ``load_drafter`` through :mod:`kimi_eagle.eagle3.interop.speculators_import`), greedy and at temperature 1;
+by ``load_drafter`` through :mod:`kimi_eagle.eagle3.speculators_checkpoint`), greedy and at temperature 1;
 τ with 95 % two-way bootstrap intervals (seeds × prompts) and the paired difference kit − peer
 (:func:`~kimi_eagle.eagle3.ablation.bootstrap_tau`). Prints one JSON summary with the wall time; files under ``--out``.
 
@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kimi_eagle.apps.interop.export_data import export_data
+from kimi_eagle.apps.interop.peer import PeerConfig, train_peer
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.eagle3.ablation import bootstrap_tau
 from kimi_eagle.eagle3.evaluate import evaluate_drafter
 from kimi_eagle.eagle3.hidden import HiddenStates, extract, load_rows, load_target
-from kimi_eagle.eagle3.interop.export_data import export_data
-from kimi_eagle.eagle3.interop.layouts import arrow_rows, extract_layout
-from kimi_eagle.eagle3.interop.peer import PeerConfig, train_peer
+from kimi_eagle.eagle3.layouts import arrow_rows, extract_layout
 from kimi_eagle.eagle3.model import load_drafter
 from kimi_eagle.eagle3.train import TrainConfig, batch_indices, read_history, train_drafter
 from kimi_eagle.engine.local import Engine, SamplingParams
@@ -77,12 +77,14 @@ def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int =
     """Seconds per training step (forward + backward) of both trainers for batches of 1, 2, 4, 8 rows (the same
     rows): the kit pads rows into ``[B, T]`` and attends within each row; speculators packs them into one
     sequence of ``Σ T`` tokens and builds dense ``[ΣT, (k+1)·ΣT]`` masks on the eager path."""
+    from types import SimpleNamespace
+
+    from speculators.losses import resolve_loss_config
+
+    from kimi_eagle.apps.interop.peer import PeerData, build_model
     from kimi_eagle.eagle3 import draft_vocab
-    from kimi_eagle.eagle3.interop.peer import PeerData, build_model
     from kimi_eagle.eagle3.model import Eagle3Drafter, target_tensor
     from kimi_eagle.eagle3.train import TTTLoss, collate
-    from speculators.losses import resolve_loss_config
-    from types import SimpleNamespace
 
     data = HiddenStates(kit_dir)
     index = {r.id: k for k, r in enumerate(arrow_rows(spec_dir))}

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.reconstruct.completion import SPAN_FIELDS
+from kimi_eagle.chat.completion import SPAN_FIELDS
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.convert import convert_file
-from kimi_eagle.reconstruct.encoder import PieceEncoder
-from kimi_eagle.reconstruct.formats import get_format
 from kimi_eagle.reconstruct.job import reconstruct_file
 from kimi_eagle.reconstruct.record import ReconstructOptions, parse_turn, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer

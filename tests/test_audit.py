@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from kimi_eagle import cli
+from kimi_eagle.apps import cli
+from kimi_eagle.apps.api.server import LocalServer, RequestError, route_provider
+from kimi_eagle.apps.audit.compare import REFERENCE, Completion, compare_all, summarize
+from kimi_eagle.apps.audit.run import audit_request, read_prompts
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.audit.compare import REFERENCE, Completion, compare_all, summarize
-from kimi_eagle.audit.run import audit_request, read_prompts
 from kimi_eagle.engine.local import Engine, SamplingParams
-from kimi_eagle.engine.precision import apply_precision, parse_provider_table, quantize_int8_per_channel
+from kimi_eagle.engine.precision import parse_provider_table, quantize_int8_per_channel
 from kimi_eagle.engine.prompts import distinct_story_prompts
-from kimi_eagle.engine.server import RequestError, LocalServer, route_provider
 from kimi_eagle.io import read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.timeout(300)

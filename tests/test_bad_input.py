@@ -448,8 +448,8 @@ def test_two_engine_values_on_one_line_are_two_error_rows(tmp_path, kimi):
 
 
 def test_report_draws_a_dataset_name_that_looks_like_mathtext(tmp_path, kimi):
-    from kimi_eagle.diff.report import make_charts
-    from kimi_eagle.diff.run import DiffResult, HUNK_SCHEMA, RECORD_SCHEMA
+    from kimi_eagle.apps.reports.diff_report import make_charts
+    from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, DiffResult
 
     row = {f.name: None for f in RECORD_SCHEMA}
     row.update(id="a", status="ok", verdict="exact", label="exact", subclasses=[], flags=[], dataset="$\\frac{$",
@@ -543,7 +543,7 @@ def test_diff_cli_keeps_the_valid_row_when_reconstruct_marked_a_later_duplicate(
 
 
 def diff_result(records, hunks=()):
-    from kimi_eagle.diff.run import DiffResult, HUNK_SCHEMA, RECORD_SCHEMA
+    from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, DiffResult
 
     rows = []
     for r in records:
@@ -562,7 +562,7 @@ def diff_result(records, hunks=()):
 
 
 def test_report_leaves_out_what_it_cannot_count_and_says_so(tmp_path):
-    from kimi_eagle.diff.report import write_report
+    from kimi_eagle.apps.reports.diff_report import write_report
 
     split = dict(verdict="bpe_split", label="bpe_split", subclasses=[], token_delta=-1, n_recon_tokens=2, n_hunks=1,
                  first_divergence=0, first_divergence_frac=0.0)
@@ -597,7 +597,7 @@ def test_report_leaves_out_what_it_cannot_count_and_says_so(tmp_path):
 
 
 def test_report_of_an_empty_diff_renders_with_nothing_left_out(tmp_path):
-    from kimi_eagle.diff.report import write_report
+    from kimi_eagle.apps.reports.diff_report import write_report
 
     summary = write_report(diff_result([]), tmp_path)
     assert summary["n_records"] == 0 and summary["status"]["ok"] == 0 and summary["verdict"]["exact"] == 0
@@ -606,9 +606,10 @@ def test_report_of_an_empty_diff_renders_with_nothing_left_out(tmp_path):
 
 
 def test_billing_report_draws_provider_names_with_markup_as_text(tmp_path, kimi):
-    from test_billing import api as billed_api, row
+    from test_billing import api as billed_api
+    from test_billing import row
 
-    from kimi_eagle.diff.billing_report import write_billing
+    from kimi_eagle.apps.reports.billing_report import write_billing
 
     rows = [row(kimi, billed_api("a", provider="$\\frac{$")), row(kimi, billed_api("b", provider="<b>P</b>"), billed=3)]
     summary = write_billing(kimi, rows, tmp_path)

@@ -14,12 +14,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from kimi_eagle.apps.batch.grid import GridError, expand, is_secret_name, load_grid, run_name, validate
+from kimi_eagle.apps.batch.notebooks import parameter_names
+from kimi_eagle.apps.batch.run import read_state, run_batch
+from kimi_eagle.apps.cli import main as cli_main
+from kimi_eagle.apps.reports.batch_summary import write_summary
 from kimi_eagle.assets import REPO_ROOT
-from kimi_eagle.batch.run import read_state, run_batch
-from kimi_eagle.batch.summary import write_summary
-from kimi_eagle.batch.grid import GridError, expand, is_secret_name, load_grid, run_name, validate
-from kimi_eagle.cli import main as cli_main
-from kimi_eagle.batch.notebooks import parameter_names
 
 PROBE = Path(__file__).parent / "data" / "batch_probe.ipynb"  # counts its executions, can sleep, can fail
 GRIDS = sorted((REPO_ROOT / "notebooks" / "grids").glob("*.yaml"))
@@ -303,7 +303,7 @@ def test_summary_page_shows_plain_values_states_constants_once_and_labels_simula
 
 
 def test_papermill_kernels_do_not_print_the_tcp_encryption_warning(tmp_path):
-    code = ("import sys; from kimi_eagle.batch.notebooks import execute; "
+    code = ("import sys; from kimi_eagle.apps.batch.notebooks import execute; "
             f"execute({str(PROBE)!r}, {str(tmp_path / 'out')!r}, {{'x': 2}})")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -7,12 +7,12 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from kimi_eagle.cli import main
+from kimi_eagle.apps.cli import main
+from kimi_eagle.apps.reports.billing_report import group_table, summarize_billing
+from kimi_eagle.chat.completion import CompletionOptions
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.diff.billing import reconcile_rows
-from kimi_eagle.diff.billing_report import group_table, summarize_billing, write_billing
 from kimi_eagle.diff.simulate import load_source_records, simulate_samples, write_samples
-from kimi_eagle.reconstruct.completion import CompletionOptions
-from kimi_eagle.reconstruct.formats import get_format
 from kimi_eagle.reconstruct.job import reconstruct_file
 from kimi_eagle.reconstruct.record import reconstruct_record
 
@@ -176,7 +176,7 @@ def test_the_gap_is_billed_minus_reconstructed_in_percent_of_billed_with_an_inte
 
 
 def test_notebook_02_without_engine_records_runs_billing_only(kimi, tmp_path):
-    from kimi_eagle.batch.notebooks import NOTEBOOK_DIR, execute
+    from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute
 
     samples = simulate_samples(load_source_records(["glaive"]), kimi, per_effect=1, seed=5,
                                effects=["none", "think_end_missing"])

@@ -102,7 +102,7 @@ def diff_frames(simulated: bool = True, outlier: bool = False) -> tuple[pd.DataF
 
 @pytest.mark.parametrize("data", ["simulated", "real"])
 def test_every_report_chart_says_which_data_it_shows(tmp_path, data):
-    from kimi_eagle.diff import report
+    from kimi_eagle.apps.reports import diff_report as report
 
     records, hunks = diff_frames(simulated=data == "simulated")
     assert report.data_kind(records) == data
@@ -117,7 +117,7 @@ def test_every_report_chart_says_which_data_it_shows(tmp_path, data):
 
 
 def test_report_chart_titles_and_legends(tmp_path):
-    from kimi_eagle.diff import report
+    from kimi_eagle.apps.reports import diff_report as report
 
     records, hunks = diff_frames()
     ax = rendered(report.chart_rates(report.rates_by_dataset(records), "simulated"), tmp_path).axes[0]
@@ -137,7 +137,7 @@ def test_report_chart_titles_and_legends(tmp_path):
 
 @pytest.mark.parametrize("chart", ["hunk_sizes", "first_divergence"])
 def test_split_bars_stand_beside_the_semantic_ones_never_under_them(tmp_path, chart):
-    from kimi_eagle.diff import report
+    from kimi_eagle.apps.reports import diff_report as report
 
     records, hunks = diff_frames()
     fig = report.chart_hunk_sizes(hunks, "real") if chart == "hunk_sizes" else \
@@ -156,7 +156,7 @@ def test_split_bars_stand_beside_the_semantic_ones_never_under_them(tmp_path, ch
 
 
 def test_one_long_record_puts_the_billing_scatter_on_log_axes(tmp_path):
-    from kimi_eagle.diff import report
+    from kimi_eagle.apps.reports import diff_report as report
 
     ax = rendered(report.chart_billing(diff_frames()[0], "real"), tmp_path).axes[0]
     assert ax.get_xscale() == "linear" and "log axes" not in title(ax)
@@ -168,7 +168,7 @@ def test_one_long_record_puts_the_billing_scatter_on_log_axes(tmp_path):
 
 
 def test_example_hunks_show_token_boundaries(kimi):
-    from kimi_eagle.diff.report import token_run_text
+    from kimi_eagle.apps.reports.diff_report import token_run_text
 
     ids = [kimi.encode(" a")[0], kimi.encode("n")[0]]
     whole = kimi.encode(" an")
@@ -192,7 +192,7 @@ def summary_frame() -> pd.DataFrame:
 
 
 def test_summary_bar_chart_names_the_metric_readably_and_labels_each_runs_data(tmp_path):
-    from kimi_eagle.batch.summary import bar_chart
+    from kimi_eagle.apps.reports.batch_summary import bar_chart
 
     df = summary_frame()
     ax = rendered(bar_chart(df, "metric.mismatch_rate", ("metric.mismatch_rate_ci.0", "metric.mismatch_rate_ci.1")),
@@ -207,7 +207,7 @@ def test_summary_bar_chart_names_the_metric_readably_and_labels_each_runs_data(t
 
 
 def test_summary_stacked_and_line_charts_have_readable_titles_and_legends(tmp_path):
-    from kimi_eagle.batch.summary import line_chart, stacked_chart
+    from kimi_eagle.apps.reports.batch_summary import line_chart, stacked_chart
 
     df = summary_frame()
     ax = rendered(stacked_chart(df, ["metric.verdict.exact", "metric.verdict.semantic"], "verdict"), tmp_path).axes[0]
@@ -218,7 +218,7 @@ def test_summary_stacked_and_line_charts_have_readable_titles_and_legends(tmp_pa
 
 
 def test_summary_readable_names():
-    from kimi_eagle.batch.summary import readable
+    from kimi_eagle.apps.reports.batch_summary import readable
 
     assert readable("metric.mismatch_rate_ci.0") == "mismatch rate (CI low)"
     assert readable("metric.mismatch_rate_hi") == "mismatch rate (CI high)"
@@ -229,7 +229,7 @@ def test_summary_readable_names():
 
 
 def test_tokenizer_charts_name_the_tokenizer_once(kimi, tmp_path):
-    from kimi_eagle.tokenize.charts import special_id_figure, token_length_figure
+    from kimi_eagle.apps.reports.tokenizer_charts import special_id_figure, token_length_figure
 
     ax = rendered(token_length_figure(kimi), tmp_path).axes[0]
     assert title(ax).startswith("kimi tokenizer: token length in bytes (163,") and "kimi:kimi" not in title(ax)

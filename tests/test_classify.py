@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_align import split_token
 
 from kimi_eagle.diff.classify import classify
-
-from test_align import split_token
 
 ARGS = '{"city": "Paris", "unit": "celsius"}'
 

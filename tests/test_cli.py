@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from kimi_eagle.cli import COMMANDS, EXAMPLES, build_parser, main, version
+from kimi_eagle.apps.cli import COMMANDS, EXAMPLES, build_parser, main, version
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:

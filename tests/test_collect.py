@@ -10,8 +10,7 @@ import uuid
 
 import pytest
 
-from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine.collect import (
+from kimi_eagle.apps.api.collect import (
     CollectConfig,
     Collector,
     classify_response,
@@ -22,10 +21,11 @@ from kimi_eagle.engine.collect import (
     request_key,
     scan_output,
 )
+from kimi_eagle.apps.api.faults import FaultConfig
+from kimi_eagle.apps.api.server import LocalServer, delivered_engine_records
+from kimi_eagle.assets import stories_dir
 from kimi_eagle.engine.local import completion_text
-from kimi_eagle.engine.faults import FaultConfig
 from kimi_eagle.io import read_jsonl
-from kimi_eagle.engine.server import LocalServer, delivered_engine_records
 
 pytestmark = pytest.mark.timeout(240)
 SECRET = f"sk-or-v1-test-{uuid.uuid4().hex}"
@@ -234,7 +234,7 @@ def test_a_rejected_key_stops_the_run_and_stores_nothing(server, tmp_path):
 
 
 def test_the_collect_notebook_never_writes_the_key(tmp_path):
-    from kimi_eagle.batch.notebooks import NOTEBOOK_DIR, execute
+    from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute
 
     os.environ["OPENROUTER_API_KEY"] = SECRET  # the kernel inherits it, as it would a real key
     try:

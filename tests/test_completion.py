@@ -4,11 +4,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_eagle.reconstruct.completion import CompletionOptions, ToolCall, Turn, kimi_completion
-from kimi_eagle.reconstruct.encoder import PieceEncoder
-from kimi_eagle.reconstruct.formats import get_format
-from kimi_eagle.records import RecordError
+from kimi_eagle.chat.completion import CompletionOptions, ToolCall, Turn, kimi_completion
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record
+from kimi_eagle.records import RecordError
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 MARKERS = ["</think>", "<think>", "<|im_end|>", "<|tool_call_begin|>", "<|im_", "|>", "[EOS]"]

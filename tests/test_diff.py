@@ -6,12 +6,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from kimi_eagle.cli import main
-from kimi_eagle.diff.run import read_diff
-
 from test_align import split_token
 from test_classify import build, turn
+
+from kimi_eagle.apps.cli import main
+from kimi_eagle.diff.run import read_diff
 
 
 def recon_row(rid, ids, segs, status="ok", error=None, billed=None, billed_reasoning=None, dataset="demo"):

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3.model import Eagle3Drafter
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.hidden import Extractor, load_target
+from kimi_eagle.eagle3.model import Eagle3Drafter
 
 torch.set_num_threads(1)
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from kimi_eagle import cli
+from kimi_eagle.apps import cli
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.engine.local import (
     Engine,
@@ -12,7 +12,6 @@ from kimi_eagle.engine.local import (
     completion_bytes,
     completion_text,
     engine_record,
-    main,
     plain_prompt_ids,
 )
 from kimi_eagle.engine.prompts import STORY_OPENERS, story_prompts
@@ -119,7 +118,7 @@ def test_command_line_writes_one_record_per_prompt_line(tmp_path):
     prompts.write_text(json.dumps({"id": "a", "messages": STORY}) + "\n" + "not json\n"
                        + json.dumps({"id": "b", "prompt": "Lily"}) + "\n")
     out = tmp_path / "engine.jsonl"
-    assert main([str(prompts), "-o", str(out), "--model", str(stories_dir()), "--seed", "5", "--max-tokens", "8"]) == 0
+    assert cli.main(["generate", str(prompts), "-o", str(out), "--model", str(stories_dir()), "--seed", "5", "--max-tokens", "8"]) == 0
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in recs] == ["a", "line-2", "b"]
     assert "error" in recs[1] and len(recs[0]["output_ids"]) == 8

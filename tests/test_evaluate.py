@@ -4,13 +4,19 @@ import json
 import pytest
 import torch
 
-from kimi_eagle.eagle3 import draft_vocab
+from kimi_eagle.apps.cli import main
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.cli import main
-from kimi_eagle.eagle3.model import Eagle3Drafter
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.hidden import load_target
+from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.speculative import (
-    CachedTarget, EagleProposer, NgramProposer, Target, generate_target_only, probs_from_logits, speculative_generate,
+    CachedTarget,
+    EagleProposer,
+    NgramProposer,
+    Target,
+    generate_target_only,
+    probs_from_logits,
+    speculative_generate,
 )
 
 torch.set_num_threads(1)

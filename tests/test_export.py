@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from kimi_eagle.eagle3 import draft_vocab
+from kimi_eagle.apps.cli import main
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.cli import main
-from kimi_eagle.eagle3.model import Eagle3Config, Eagle3Drafter, load_drafter
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.hidden import load_target
+from kimi_eagle.eagle3.model import Eagle3Config, Eagle3Drafter, load_drafter
 
 torch.set_num_threads(1)
 
@@ -71,7 +71,7 @@ def test_reloaded_export_reproduces_the_drafter_logits_exactly(native, tmp_path)
 
 
 def test_unknown_engine_is_refused(native, tmp_path):
-    from kimi_eagle.eagle3.export import export_drafter
+    from kimi_eagle.apps.interop.export_drafter import export_drafter
 
     with pytest.raises(ValueError, match="unknown engine"):
         export_drafter(native[0], "tgi", tmp_path)

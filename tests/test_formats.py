@@ -5,11 +5,12 @@ import jinja2.sandbox
 import pytest
 
 from kimi_eagle.assets import asset_path
+from kimi_eagle.chat.formats import FORMATS, HFTemplateFormat, get_format, render
+from kimi_eagle.chat.messages import normalise_messages
+from kimi_eagle.chat.tool_decl import tools_to_typescript
 from kimi_eagle.reconstruct.convert import convert
-from kimi_eagle.reconstruct.formats import FORMATS, HFTemplateFormat, get_format, render
-from kimi_eagle.reconstruct.record import normalise_messages, reconstruct_record
+from kimi_eagle.reconstruct.record import reconstruct_record
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
-from kimi_eagle.reconstruct.tool_decl import tools_to_typescript
 
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather.\n\nUse sparingly.",

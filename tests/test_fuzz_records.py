@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_eagle.reconstruct.formats import get_format
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.job import read_rows, write_rows
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_line
 
@@ -66,7 +66,7 @@ def _set(record, path, value):
 
 @pytest.fixture(scope="module")
 def kimi_setup(kimi):
-    from kimi_eagle.reconstruct.encoder import PieceEncoder
+    from kimi_eagle.chat.encoder import PieceEncoder
 
     return kimi, get_format("kimi-k2.5", kimi), PieceEncoder(kimi)
 

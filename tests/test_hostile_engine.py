@@ -20,10 +20,10 @@ import httpx
 import pytest
 import torch
 
-from kimi_eagle import cli
+from kimi_eagle.apps import cli
+from kimi_eagle.apps.api.collect import CollectConfig, collect
+from kimi_eagle.apps.api.server import LocalServer
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.engine.collect import CollectConfig, collect
-from kimi_eagle.engine.server import LocalServer
 from kimi_eagle.io import read_jsonl, write_jsonl
 
 pytestmark = pytest.mark.timeout(240)
@@ -334,7 +334,7 @@ def test_collect_returns_no_echoed_key_in_its_summary(tmp_path, capsys):
 
 
 def test_the_collect_notebook_never_shows_an_echoed_key(tmp_path):
-    from kimi_eagle.batch.notebooks import NOTEBOOK_DIR, execute
+    from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute
 
     secret = f"sk-or-v1-echo-{uuid.uuid4().hex}"
     os.environ["OPENROUTER_API_KEY"] = secret  # the kernel inherits it, as it would a real key

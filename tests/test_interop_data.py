@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from kimi_eagle.apps.cli import main as cli_main
+from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.cli import main as cli_main
-from kimi_eagle.eagle3.interop.export_data import export_data
 
 VOCAB = 512  # stories260K
 

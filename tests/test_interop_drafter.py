@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from kimi_eagle.apps.cli import main
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.cli import main
 from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.hidden import load_target
 from kimi_eagle.eagle3.model import Eagle3Drafter

@@ -9,14 +9,22 @@ import shutil
 import pytest
 import torch
 
+from kimi_eagle.apps.cli import main as cli_main
+from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.cli import main as cli_main
 from kimi_eagle.eagle3.hidden import Row, extract, load_target
-from kimi_eagle.eagle3.interop.export_data import export_data
-from kimi_eagle.eagle3.interop.layouts import (arrow_rows, extract_layout, load_specforge_file, open_hidden_states,
-                                               prompts_from_hidden, rms_norm, speculators_path, speculators_payload,
-                                               specforge_path)
 from kimi_eagle.eagle3.layers import speculators_layer_ids, trainer_layer_ids
+from kimi_eagle.eagle3.layouts import (
+    arrow_rows,
+    extract_layout,
+    load_specforge_file,
+    open_hidden_states,
+    prompts_from_hidden,
+    rms_norm,
+    specforge_path,
+    speculators_path,
+    speculators_payload,
+)
 from kimi_eagle.eagle3.speculative import generate_target_only
 from kimi_eagle.io import write_jsonl
 

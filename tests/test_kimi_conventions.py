@@ -4,16 +4,16 @@ the reconstruction must give back."""
 
 import pytest
 
-from kimi_eagle.reconstruct.completion import (
+from kimi_eagle.chat.completion import (
     CompletionOptions,
     ToolCall,
+    Turn,
     id_signature,
     kimi_completion,
     model_could_write,
     tool_id_style,
-    Turn,
 )
-from kimi_eagle.reconstruct.formats import get_format
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 

@@ -11,19 +11,21 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kimi_eagle"
 
-# stage -> the stages it may import from (besides itself). Top-level modules are the "core" stage.
-ALLOWED: dict[str, set[str]] = {
+# Two layers. The library (top-level core modules and the stage folders) never imports the apps; the apps
+# (everything under ``kimi_eagle/apps/`` plus ``kimi_eagle/__main__``) may import any library stage.
+# Library stage -> the library stages it may import from (besides itself). Top-level modules are "core".
+LIBRARY: dict[str, set[str]] = {
     "core": set(),
     "tokenize": {"core"},
-    "reconstruct": {"core", "tokenize"},
-    "diff": {"core", "tokenize", "reconstruct"},
-    "engine": {"core", "tokenize", "reconstruct"},
-    "eagle3": {"core", "tokenize", "engine"},
-    "batch": {"core"},
-    "audit": {"core", "tokenize", "reconstruct", "diff", "engine"},
-    "entry": {"core", "tokenize", "reconstruct", "diff", "engine", "eagle3", "batch", "audit"},
+    "chat": {"core", "tokenize"},
+    "reconstruct": {"core", "tokenize", "chat"},
+    "diff": {"core", "tokenize", "chat", "reconstruct"},
+    "engine": {"core", "tokenize", "chat"},
+    "eagle3": {"core", "tokenize", "chat", "engine"},
 }
-ENTRY_MODULES = {"kimi_eagle.cli", "kimi_eagle.__main__"}
+APPS = "apps"
+ALLOWED: dict[str, set[str]] = {**LIBRARY, APPS: set(LIBRARY)}
+CORE_MODULES = {"kimi_eagle", "kimi_eagle.assets", "kimi_eagle.records", "kimi_eagle.io"}
 
 
 def module_name(path: Path) -> str:
@@ -32,12 +34,15 @@ def module_name(path: Path) -> str:
 
 
 def stage(module: str) -> str:
-    if module in ENTRY_MODULES:
-        return "entry"
+    """``apps`` for the app layer, else the library stage: the first folder under the package, or ``core``."""
     parts = module.split(".")
-    if len(parts) >= 3 or (PACKAGE / parts[-1]).is_dir() and len(parts) == 2:
-        return parts[1]
-    return "core"
+    if module == "kimi_eagle.__main__" or parts[1:2] == [APPS]:
+        return APPS
+    return parts[1] if module not in CORE_MODULES and len(parts) >= 3 else "core"
+
+
+def is_library(module: str) -> bool:
+    return stage(module) != APPS
 
 
 def package_modules() -> dict[str, Path]:
@@ -75,8 +80,9 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def test_every_module_lives_in_a_stage_folder_or_is_core():
-    loose = {m for m in package_modules() if stage(m) == "core"}
-    assert loose <= {"kimi_eagle", "kimi_eagle.assets", "kimi_eagle.records", "kimi_eagle.io"}, loose
+    loose = {m for m in package_modules() if len(m.split(".")) == 2 and not (PACKAGE / m.split(".")[1]).is_dir()}
+    assert loose <= CORE_MODULES | {"kimi_eagle.__main__"}, loose
+    assert set(LIBRARY) - {"core"} | {APPS} == {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
 
 
 def test_imports_only_point_down_the_stage_order():
@@ -111,6 +117,41 @@ def test_the_checker_sees_relative_local_and_package_imports(tmp_path):
     src = tmp_path / "model.py"
     src.write_text("def f():\n    from .export import x\nfrom ..io import write_text\nfrom . import export\n")
     assert imports_of("kimi_eagle.eagle3.model", src, known) == {"kimi_eagle.eagle3.export", "kimi_eagle.io"}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a library module into an app module."""
+    return [f"{m} (library: {stage(m)}) imports the app {i}" for m, deps in sorted(graph.items())
+            for i in sorted(deps) if is_library(m) and not is_library(i)]
+
+
+def test_the_library_never_imports_an_app():
+    assert not layer_violations(import_graph()), "\n".join(layer_violations(import_graph()))
+
+
+def test_the_layer_check_fails_on_a_planted_import_from_the_library_into_an_app(tmp_path):
+    """Plant a function-local import of the CLI inside a copy of a library module: the check must see it."""
+    modules = package_modules()
+    known = set(modules)
+    planted = tmp_path / "align.py"
+    planted.write_text(modules["kimi_eagle.diff.align"].read_text(encoding="utf-8")
+                       + "\n\ndef _planted():\n    from kimi_eagle.apps.cli import main\n    return main\n")
+    graph = import_graph()
+    graph["kimi_eagle.diff.align"] = imports_of("kimi_eagle.diff.align", planted, known) - {"kimi_eagle"}
+    assert [v for v in layer_violations(graph) if v.startswith("kimi_eagle.diff.align ")] == [
+        "kimi_eagle.diff.align (library: diff) imports the app kimi_eagle.apps.cli"]
+    # and the relative spelling of the same import, from a module one folder down
+    planted.write_text("from ..apps import cli\n")
+    graph["kimi_eagle.diff.align"] = imports_of("kimi_eagle.diff.align", planted, known) - {"kimi_eagle"}
+    assert [v for v in layer_violations(graph) if v.startswith("kimi_eagle.diff.align ")] == [
+        "kimi_eagle.diff.align (library: diff) imports the app kimi_eagle.apps.cli"]
+
+
+def test_engine_and_reconstruct_share_the_chat_format_and_never_import_each_other():
+    graph = import_graph()
+    crossing = [f"{m} imports {i}" for m, deps in graph.items() for i in deps
+                if {stage(m), stage(i)} == {"engine", "reconstruct"}]
+    assert not crossing, crossing
 
 
 SPECIAL_SET_BUILD = re.compile(r"(frozenset\(|set\(|\{|\[)s\.(id|text)\b[^\n]*for s in [\w.]*special_tokens")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kimi_eagle.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
+from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 STRIP_KEYS = "metadata.papermill cell.metadata.papermill cell.metadata.execution metadata.widgets"

@@ -8,20 +8,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_eagle.cli import main as cli_main
-from kimi_eagle.reconstruct.completion import CONTENT, SPECIAL
-from kimi_eagle.reconstruct.convert import convert
-from kimi_eagle.reconstruct.encoder import PieceEncoder
-from kimi_eagle.reconstruct.formats import count_tool_calls, get_format
-from kimi_eagle.reconstruct.parse import (
+from kimi_eagle.apps.cli import main as cli_main
+from kimi_eagle.chat.completion import CONTENT, SPECIAL
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import count_tool_calls, get_format
+from kimi_eagle.chat.messages import normalise_messages
+from kimi_eagle.chat.parse import (
     answer_conventions,
     api_record,
     parse_completion,
     reconstruction_options,
     think_end_before_tools,
 )
-from kimi_eagle.reconstruct.record import normalise_messages, reconstruct_record
-from kimi_eagle.tokenize.tokenizer import ids_to_bytes
+from kimi_eagle.reconstruct.convert import convert
+from kimi_eagle.reconstruct.record import reconstruct_record
 
 K25 = get_format("kimi-k2.5")
 WEATHER = ('<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Beijing"}'
@@ -248,7 +248,7 @@ def test_parse_completion_command(kimi, capsys):
 
 
 def test_the_playground_shows_the_api_message_of_pasted_ids(kimi):
-    from kimi_eagle.diff.inspector import CompletionPlayground
+    from kimi_eagle.apps.widgets.inspector import CompletionPlayground
 
     raw = "hm<|tool_calls_section_begin|>" + WEATHER + "<|tool_calls_section_end|><|im_end|>"
     pg = CompletionPlayground(kimi, ids=str(ids(kimi, raw)))

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
+from kimi_eagle.apps.interop.export_data import export_data
+from kimi_eagle.apps.interop.speculators import export_speculators
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.evaluate import evaluate_drafter
 from kimi_eagle.eagle3.hidden import Row, load_target
-from kimi_eagle.eagle3.interop.export_data import export_data
-from kimi_eagle.eagle3.interop.layouts import arrow_rows, extract_layout
-from kimi_eagle.eagle3.interop.speculators import export_speculators
-from kimi_eagle.eagle3.interop.speculators_import import kit_config
+from kimi_eagle.eagle3.layouts import arrow_rows, extract_layout
 from kimi_eagle.eagle3.model import Eagle3Drafter, load_drafter
 from kimi_eagle.eagle3.speculative import generate_target_only
+from kimi_eagle.eagle3.speculators_checkpoint import kit_config
 from kimi_eagle.io import write_jsonl
 
 STEPS = 3
@@ -76,7 +76,7 @@ def test_kit_to_speculators_to_kit_is_the_identity(target, tmp_path):
 @pytest.fixture(scope="module")
 def peer_run(target, tmp_path_factory):
     """Real sampled rows exported for speculators, hidden states in its layout, 2 steps of the peer trainer."""
-    from kimi_eagle.eagle3.interop.peer import PeerConfig, PeerData, train_peer
+    from kimi_eagle.apps.interop.peer import PeerConfig, PeerData, train_peer
 
     g = torch.Generator().manual_seed(0)
     rows = []

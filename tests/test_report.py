@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from kimi_eagle.cli import main
-from kimi_eagle.diff.report import CHARTS, wilson
+from kimi_eagle.apps.cli import main
+from kimi_eagle.apps.reports.diff_report import CHARTS, wilson
 
 
 def png_size(path):
@@ -62,10 +62,8 @@ def test_every_chart_is_a_real_png_and_embedded_in_the_html(report):
 def test_a_diff_with_errors_and_no_labels_reports_without_confusion(tmp_path, kimi):
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from test_diff import recon_row, write_engine
-
     from test_classify import build, turn
+    from test_diff import recon_row, write_engine
 
     ids, segs = build(kimi, turn())
     pq.write_table(pa.Table.from_pylist([recon_row("a", ids, segs, billed=len(ids)), recon_row("b", ids, segs)]),
@@ -87,7 +85,7 @@ def test_report_on_a_directory_without_a_diff_is_a_clear_error(tmp_path, capsys)
 
 def test_a_chart_or_section_that_fails_is_a_visible_note_and_the_rest_renders(report, tmp_path, monkeypatch):
     """Fault injection: two parts raise something no check foresaw; the report is still written."""
-    from kimi_eagle.diff import report as report_module
+    from kimi_eagle.apps.reports import diff_report as report_module
     from kimi_eagle.diff.run import read_diff
 
     def fails(*args, **kwargs):
@@ -110,7 +108,7 @@ def test_a_chart_or_section_that_fails_is_a_visible_note_and_the_rest_renders(re
 def test_a_billing_chart_that_fails_is_a_visible_note(tmp_path, kimi, monkeypatch):
     from test_billing import api, row
 
-    from kimi_eagle.diff import billing_report
+    from kimi_eagle.apps.reports import billing_report
 
     def fails(*args, **kwargs):
         raise RuntimeError("no chart")

@@ -5,12 +5,12 @@ import time
 import httpx
 import pytest
 
+from kimi_eagle.apps.api.faults import FaultConfig, FaultInjector
+from kimi_eagle.apps.api.server import LocalServer
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.engine.local import completion_text
-from kimi_eagle.engine.faults import FaultConfig, FaultInjector
-from kimi_eagle.records import parse_engine_record
 from kimi_eagle.io import read_jsonl
-from kimi_eagle.engine.server import LocalServer
+from kimi_eagle.records import parse_engine_record
 
 pytestmark = pytest.mark.timeout(180)
 NO_FAULTS = FaultConfig().to_dict()

@@ -1,7 +1,7 @@
 """The project's set-up contract: two README commands, CI calls the test command, conda and pip agree."""
 import re
-import tomllib
 
+import tomllib
 import yaml
 
 from kimi_eagle.assets import REPO_ROOT

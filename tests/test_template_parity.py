@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from jinja2.sandbox import SandboxedEnvironment
 
 from kimi_eagle.assets import asset_path
-from kimi_eagle.reconstruct.completion import CompletionOptions
+from kimi_eagle.chat.completion import CompletionOptions
+from kimi_eagle.chat.formats import KimiK25, get_format, render
+from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.reconstruct.convert import convert
-from kimi_eagle.reconstruct.formats import KimiK25, get_format, render
-from kimi_eagle.reconstruct.record import normalise_messages, parse_turn, reconstruct_record
+from kimi_eagle.reconstruct.record import parse_turn, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 TEMPLATES = {"kimi-k2.5": "kimi-k2.5", "kimi-k2.5-nothink": "kimi-k2.5", "kimi-k2-thinking": "kimi-k2-thinking",

@@ -4,19 +4,24 @@ import math
 
 import pytest
 
+from kimi_eagle.apps.api.server import App
+from kimi_eagle.apps.tiny_kimi import (
+    TinyKimiSpec,
+    build_tiny_kimi,
+    collect_tiny_kimi,
+    format_special_ids,
+    kimi_prompt_lines,
+)
 from kimi_eagle.assets import kimi_dir
+from kimi_eagle.chat.formats import get_format
+from kimi_eagle.chat.parse import parse_completion, reconstruction_options
 from kimi_eagle.diff.run import diff_files
 from kimi_eagle.engine.id_map import ID_MAP_FILE, IdMap, IdMapError
 from kimi_eagle.engine.kimi_format import kimi_chat_answer
 from kimi_eagle.engine.local import Engine, EngineError, Generation, SamplingParams
-from kimi_eagle.engine.server import App
-from kimi_eagle.engine.tiny_kimi import (TinyKimiSpec, build_tiny_kimi, collect_tiny_kimi, format_special_ids,
-                                         kimi_prompt_lines)
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.reconstruct.convert import convert
-from kimi_eagle.reconstruct.formats import get_format
 from kimi_eagle.reconstruct.job import reconstruct_file
-from kimi_eagle.reconstruct.parse import parse_completion, reconstruction_options
 from kimi_eagle.reconstruct.record import reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 

@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from kimi_eagle.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
+from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
+from kimi_eagle.apps.tiny_kimi import TinyKimiSpec, build_tiny_kimi, kimi_prompt_lines
 from kimi_eagle.eagle3.evaluate import evaluate_drafter, load_prompts
 from kimi_eagle.eagle3.hidden import HiddenStates, extract, load_rows, load_target
 from kimi_eagle.eagle3.online import OnlineHiddenStates
@@ -12,7 +13,6 @@ from kimi_eagle.eagle3.row_space import ROW_SPACE, skipped_by_reason, target_id_
 from kimi_eagle.eagle3.speculative import generate_target_only
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
 from kimi_eagle.engine.local import Engine, SamplingParams, engine_record
-from kimi_eagle.engine.tiny_kimi import TinyKimiSpec, build_tiny_kimi, kimi_prompt_lines
 from kimi_eagle.io import write_jsonl
 
 # the small network of tests/test_tiny_kimi.py, three layers so EAGLE-3's low/mid/high aux layers exist

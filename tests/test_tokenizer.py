@@ -8,7 +8,6 @@ from kimi_eagle.assets import asset_path, stories_dir
 from kimi_eagle.tokenize.tokenizer import (
     MAX_RUN_CHARS,
     HFTokenizer,
-    KimiTokenizer,
     Tokenizer,
     ids_to_bytes,
     load_tokenizer,

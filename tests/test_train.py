@@ -7,13 +7,20 @@ import sys
 import pytest
 import torch
 
-from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.assets import REPO_ROOT, stories_dir
-from kimi_eagle.eagle3.model import Eagle3Drafter
+from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.hidden import HiddenStates, Row, extract, load_target
+from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.speculative import generate_target_only
 from kimi_eagle.eagle3.train import (
-    TTTLoss, TrainConfig, expected_tau, plot_histories, read_history, soft_targets, supervised_mask, train_drafter,
+    TrainConfig,
+    TTTLoss,
+    expected_tau,
+    plot_histories,
+    read_history,
+    soft_targets,
+    supervised_mask,
+    train_drafter,
 )
 
 torch.set_num_threads(1)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from test_align import split_token
 
+from kimi_eagle.apps.widgets.inspector import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.diff.classify import classify
 from kimi_eagle.diff.simulate import load_source_records, run_benchmark, simulate_samples, write_samples
-from kimi_eagle.diff.inspector import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
-
-from test_align import split_token
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,7 @@ def test_the_widget_carries_a_static_snapshot_of_its_first_view(inspector, kimi)
 
 
 def test_long_hunks_wrap_inside_their_column(kimi):
-    from kimi_eagle.diff.inspector import ALIGNED_CSS
+    from kimi_eagle.apps.widgets.inspector import ALIGNED_CSS
 
     assert re.search(r"\.ke-col\.ke-h\{[^}]*max-width:100%", ALIGNED_CSS)
     assert re.search(r"\.ke-col\.ke-h \.ke-row\{[^}]*white-space:pre-wrap", ALIGNED_CSS)

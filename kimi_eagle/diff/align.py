@@ -23,8 +23,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..tokenize.tokenizer import Tokenizer
-from .bytediff import NO_ATOMS, Atoms, Block, common_prefix, common_suffix, equal_byte_blocks
+from kimi_eagle.diff.bytediff import NO_ATOMS, Atoms, Block, common_prefix, common_suffix, equal_byte_blocks
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
 class AlignError(ValueError):

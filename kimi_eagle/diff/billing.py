@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import pyarrow as pa
 
-from ..tokenize.tokenizer import Tokenizer
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 REASONING_KINDS = ("reasoning",)
 

@@ -29,8 +29,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..tokenize.tokenizer import Tokenizer
-from .align import Alignment, Hunk, align
+from kimi_eagle.diff.align import Alignment, Hunk, align
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 VERDICTS = ("exact", "bpe_split", "semantic")
 SUBCLASSES = ("truncation", "replacement_char", "special_token", "whitespace", "tool_call_id",

@@ -13,7 +13,6 @@ more than one row: the pair's, then one per extra record.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -24,12 +23,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..io import atomic_path, read_jsonl, write_json, write_lines
-from ..records import RecordError, check_id, exit_status, parse_engine_record, printable_id
-from ..tokenize.tokenizer import Tokenizer, load_tokenizer
-from .align import AlignError, check_ids
-from .billing import completion_billing, reasoning_billing
-from .classify import HunkVerdict, RecordVerdict, classify
+from kimi_eagle.diff.align import AlignError, check_ids
+from kimi_eagle.diff.billing import completion_billing, reasoning_billing
+from kimi_eagle.diff.classify import HunkVerdict, RecordVerdict, classify
+from kimi_eagle.io import atomic_path, read_jsonl, write_json, write_lines
+from kimi_eagle.records import RecordError, check_id, parse_engine_record, printable_id
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 RECON_COLUMNS = ("id", "status", "completion_ids", "segments")
 STATUSES = ("ok", "missing_engine", "missing_api", "error")
@@ -370,27 +369,3 @@ def read_diff(diff_dir: str | Path) -> DiffResult:
 
 # --------------------------------------------------------------------------------------------
 # CLI
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", required=True, help="engine records (JSONL: id + output_ids, SGLang or vLLM shape); "
-                   "without engine records, validate by billing: `kimi-eagle billing --reconstructed ROWS -o DIR`")
-    p.add_argument("--reconstructed", required=True, help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
-    p.add_argument("-o", "--out", required=True, help="output directory (records.parquet, hunks.parquet, meta.json)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
-    p.add_argument("--labels", default=None, help="expected labels (labels.parquet from `kimi-eagle simulate`)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from ..assets import kimi_dir
-
-    recon_rows = read_reconstructed(args.reconstructed)  # refuse a bad file before loading the tokenizer
-    labels = read_labels(args.labels) if args.labels else None
-    tok = load_tokenizer(args.tokenizer or kimi_dir())
-    result = diff_rows(tok, read_engine(args.engine, tok), recon_rows, labels)
-    out = write_diff(result, args.out, {"engine": str(args.engine), "reconstructed": str(args.reconstructed),
-                                        "tokenizer": tok.name, "labels": args.labels})
-    counts = result.records["status"].value_counts().to_dict()
-    labels = result.records["label"].value_counts().to_dict()
-    print(f"{len(result.records)} records ({counts}), {len(result.hunks)} hunks; labels {labels} -> {out}")
-    return exit_status(counts, [e for e, st in zip(result.records["error"], result.records["status"]) if st == "error"])

@@ -28,7 +28,6 @@ effect                        expected label        injected
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
@@ -39,13 +38,13 @@ from typing import Any, Callable, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..io import atomic_path, write_jsonl
-from ..reconstruct.completion import CompletionOptions
-from ..reconstruct.formats import get_format
-from ..reconstruct.record import reconstruct_record
-from ..records import RecordError
-from ..tokenize.tokenizer import Tokenizer, load_tokenizer
-from .billing import reasoning_tokens
+from kimi_eagle.chat.completion import CompletionOptions
+from kimi_eagle.chat.formats import get_format
+from kimi_eagle.diff.billing import reasoning_tokens
+from kimi_eagle.io import atomic_path, write_jsonl
+from kimi_eagle.reconstruct.record import reconstruct_record
+from kimi_eagle.records import RecordError
+from kimi_eagle.tokenize.tokenizer import Tokenizer, load_tokenizer
 
 EFFECTS: dict[str, str] = {
     "none": "exact",
@@ -316,7 +315,7 @@ def write_samples(samples: list[Sample], out_dir: str | Path) -> dict[str, Path]
 
 def load_source_records(sources: Iterable[str]) -> list[dict]:
     """API records converted from the bundled real conversations."""
-    from ..reconstruct.convert import convert
+    from kimi_eagle.reconstruct.convert import convert
 
     return [r for source in sources for r in convert(source)]
 
@@ -327,8 +326,8 @@ def run_benchmark(sim_dir: str | Path, tokenizer_dir: str | Path, format_name: s
 
     Returns the :class:`~kimi_eagle.diff.run.DiffResult` (written to ``diff_dir``, default ``SIM_DIR/diff``).
     """
-    from .run import diff_files, write_diff
-    from ..reconstruct.job import reconstruct_file
+    from kimi_eagle.diff.run import diff_files, write_diff
+    from kimi_eagle.reconstruct.job import reconstruct_file
 
     sim = Path(sim_dir)
     recon = sim / "reconstructed.parquet"
@@ -342,34 +341,3 @@ def run_benchmark(sim_dir: str | Path, tokenizer_dir: str | Path, format_name: s
 
 # --------------------------------------------------------------------------------------------
 # CLI
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--out", required=True, help="output directory (api.jsonl, engine.jsonl, labels.parquet)")
-    p.add_argument("--source", action="append", default=None,
-                   help=f"converted dataset to draw from (repeatable; default {' + '.join(DEFAULT_SOURCES)})")
-    p.add_argument("--per-effect", type=int, default=10, help="records per effect (default 10)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
-    p.add_argument("--format", default=DEFAULT_FORMAT, help=f"chat format (default {DEFAULT_FORMAT})")
-    p.add_argument("--run", action="store_true", help="also reconstruct and diff into OUT/diff (then `kimi-eagle report OUT/diff`)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from ..assets import kimi_dir
-
-    tok_dir = args.tokenizer or kimi_dir()
-    tok = load_tokenizer(tok_dir)
-    samples = simulate_samples(load_source_records(args.source or DEFAULT_SOURCES), tok, args.format, args.per_effect,
-                               args.seed)
-    paths = write_samples(samples, args.out)
-    counts: dict[str, int] = {}
-    for s in samples:
-        counts[s.effect] = counts.get(s.effect, 0) + 1
-    print(f"{len(samples)} simulated records {counts} -> {paths['api'].parent}")
-    if args.run:
-        result = run_benchmark(args.out, tok_dir, args.format)
-        ok = result.records[result.records["expected"].notna()]
-        correct = int((ok["label"] == ok["expected"]).sum())
-        print(f"diff: {correct}/{len(ok)} records classified as expected -> {Path(args.out) / 'diff'}")
-    return 0

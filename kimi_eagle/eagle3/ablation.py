@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
-from ..io import write_figure, write_json, write_jsonl
-from .hidden import Row, extract, load_rows, load_target
+from kimi_eagle.eagle3.hidden import Row, extract, load_rows, load_target
+from kimi_eagle.io import write_figure, write_json, write_jsonl
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -129,10 +129,10 @@ def run_ablation(target_dir: str | Path, rows: Mapping[str, str | Path], eval_pr
     Files: ``rows/``, ``hidden/<data>-<dtype>/``, ``train/<arm>/seed<s>/``, ``eval/<arm>/seed<s>.json``,
     ``ablation.json``.
     """
-    from ..tokenize.tokenizer import HFTokenizer
-    from .evaluate import evaluate_drafter
-    from .resegment import inject_rows
-    from .train import TrainConfig, train_drafter
+    from kimi_eagle.eagle3.evaluate import evaluate_drafter
+    from kimi_eagle.eagle3.resegment import inject_rows
+    from kimi_eagle.eagle3.train import TrainConfig, train_drafter
+    from kimi_eagle.tokenize.tokenizer import HFTokenizer
 
     out = Path(out)
     model = load_target(target_dir)

@@ -14,20 +14,25 @@ in K2.5 with the generation prompt, and every prompt is mapped to the model's ro
 """
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
-from ..io import read_jsonl, write_figure, write_json
-from ..tokenize.tokenizer import HFTokenizer
-from .hidden import load_target
-from .model import load_drafter
-from .row_space import id_space, model_ids, target_id_map
-from .speculative import CachedTarget, EagleProposer, NgramProposer, Target, generate_target_only, speculative_generate
+from kimi_eagle.eagle3.hidden import load_target
+from kimi_eagle.eagle3.model import load_drafter
+from kimi_eagle.eagle3.row_space import id_space, model_ids, target_id_map
+from kimi_eagle.eagle3.speculative import (
+    CachedTarget,
+    EagleProposer,
+    NgramProposer,
+    Target,
+    generate_target_only,
+    speculative_generate,
+)
+from kimi_eagle.io import read_jsonl, write_figure
+from kimi_eagle.tokenize.tokenizer import HFTokenizer
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,7 +46,7 @@ def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, li
     target with a row map the IDs are its rows (see the module docstring)."""
     path = Path(path)
     if path.is_dir():  # hidden states already hold the target's input IDs (rows for a row-mapped target)
-        from .interop.layouts import prompts_from_hidden
+        from kimi_eagle.eagle3.layouts import prompts_from_hidden
 
         return prompts_from_hidden(path, target_dir)
     id_map = target_id_map(target_dir)
@@ -72,8 +77,8 @@ def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, li
 
 def _kimi_prompts(path: Path, target_dir: str | Path, id_map) -> list[tuple[str, list[int]]]:
     """``load_prompts`` for a row-mapped (Kimi-ID) target: K2.5-rendered prompts as the model's rows."""
-    from ..engine.kimi_format import KimiPromptError, KimiPromptRenderer
-    from ..tokenize.tokenizer import load_tokenizer
+    from kimi_eagle.engine.kimi_format import KimiPromptError, KimiPromptRenderer
+    from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
     renderer = KimiPromptRenderer(load_tokenizer(target_dir))
     lines: list[tuple[str, str, dict]] = []  # (id, where, line object)
@@ -247,33 +252,3 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
     if path is not None:
         write_figure(fig, path, dpi=110)
     return fig
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF target model directory")
-    p.add_argument("--draft", help="drafter directory (kimi-eagle train output, an SGLang/vLLM export or a speculators checkpoint); omit for the n-gram baseline only")
-    p.add_argument("--prompts", required=True, help=".jsonl with prompt / prompt_ids (for a tiny-kimi target also "
-                   "messages + tools, rendered in K2.5), one prompt per line, or a hidden-state directory")
-    p.add_argument("--k", type=int, default=4, help="draft chain length")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 = greedy")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-ngram", action="store_true")
-    p.add_argument("-o", "--out", help="write the report JSON here as well")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
-
-
-def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    prompts = load_prompts(args.prompts, args.target)
-    t0 = time.perf_counter()
-    report = evaluate_drafter(args.target, args.draft, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
-                              temperatures=[float(t) for t in args.temperatures.split(",")], seed=args.seed, ngram=not args.no_ngram)
-    report["seconds"] = round(time.perf_counter() - t0, 2)
-    if args.out:
-        write_json(args.out, report, indent=1)
-    for name, per in report["methods"].items():
-        for mode, e in per.items():
-            extra = f"  identical to target greedy: {e['identical_to_target_greedy']}" if "identical_to_target_greedy" in e else ""
-            print(f"{name:8s} {mode:7s} tau={e['tau']}  rounds={e['rounds']}  tokens={e['tokens']}{extra}")
-    return 0

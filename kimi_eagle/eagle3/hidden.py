@@ -15,21 +15,19 @@ through memory-mapped safetensors (fp8 shards are dequantized on read).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from ..assets import sha256_file
-from ..io import read_jsonl, write_bytes, write_json
-from .layers import CONVENTION, check_layer_ids, default_layer_ids
-from .quant import FP8_DTYPE, dequantize_fp8, fp8_bytes_per_token, quantize_hidden
-from .row_space import ID_MAP_FILE, ROW_SPACE, model_ids, target_id_map
+from kimi_eagle.assets import sha256_file
+from kimi_eagle.eagle3.layers import CONVENTION, check_layer_ids, default_layer_ids
+from kimi_eagle.eagle3.quant import FP8_DTYPE, dequantize_fp8, fp8_bytes_per_token, quantize_hidden
+from kimi_eagle.eagle3.row_space import ID_MAP_FILE, ROW_SPACE, model_ids, target_id_map
+from kimi_eagle.io import read_jsonl, write_bytes, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = "kimi-eagle-hidden/1"
@@ -343,32 +341,3 @@ class HiddenStates:
 
 # ------------------------------------------------------------------------------------------
 # command line
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF target model directory (with a kimi_ids.json row map, e.g. tiny-kimi, "
-                   "the rows' Kimi IDs are mapped to its rows)")
-    p.add_argument("--data", required=True, help="rows: reconstructed .parquet, or .jsonl with input_ids/loss_mask or engine records")
-    p.add_argument("-o", "--out", required=True, help="output directory (resumes if it holds a partial extraction)")
-    p.add_argument("--layers", help="comma-separated 0-based block-output indices (default: EAGLE-3's low/mid/high)")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp8"], default="bf16",
-                   help="fp8: float8_e4m3fn with one fp32 scale per token and layer (about half of bf16's bytes)")
-    p.add_argument("--shard-rows", type=int, default=256)
-    p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per forward batch")
-    p.add_argument("--keep-literal-marker", action="store_true",
-                   help="keep rows flagged literal_marker (skipped by default and counted in the manifest)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
-
-
-def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    rows, skipped = load_rows(args.data, keep_literal_marker=args.keep_literal_marker, target=args.target)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    t0 = time.perf_counter()
-    m = extract(args.target, rows, args.out, layer_ids=layers, dtype=args.dtype, shard_rows=args.shard_rows,
-                max_tokens=args.max_tokens, skipped=skipped, progress=True)
-    print(json.dumps({"out": args.out, "rows": m["n_rows"], "skipped": len(m["skipped"]), "tokens": m["n_tokens"],
-                      "layer_ids": m["layer_ids"], "bytes_per_token": m["bytes_per_token"],
-                      "payload_bytes_per_token": m["payload_bytes_per_token"], "payload_vs_bf16": m["payload_vs_bf16"],
-                      "seconds": round(time.perf_counter() - t0, 2)}))
-    return 0

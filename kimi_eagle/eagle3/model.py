@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io import atomic_path, write_json
-from .draft_vocab import DraftVocab
-from .layers import layer_ids_from_engine
+from kimi_eagle.eagle3.draft_vocab import DraftVocab
+from kimi_eagle.eagle3.layers import layer_ids_from_engine
+from kimi_eagle.io import atomic_path, write_json
 
 NATIVE_FORMAT = "kimi-eagle-drafter/1"
 
@@ -378,7 +378,7 @@ def shift_left(x: torch.Tensor, n: int, fill: float | int = 0) -> torch.Tensor:
 
 def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagle3Drafter:
     """Load a native drafter, an exported SGLang/vLLM one, or a speculators EAGLE-3 checkpoint
-    (:mod:`.interop.speculators_import`); embeddings a checkpoint lacks come from ``target_dir``."""
+    (:mod:`.speculators_checkpoint`); embeddings a checkpoint lacks come from ``target_dir``."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -389,7 +389,7 @@ def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagl
         model.load_state_dict(state)
         return model
     if raw.get("speculators_model_type") == "eagle3":  # trained or saved by speculators (Eagle3DraftModel)
-        from .interop.speculators_import import kit_drafter_parts
+        from kimi_eagle.eagle3.speculators_checkpoint import kit_drafter_parts
 
         config, state = kit_drafter_parts(path, target_dir)
         model = Eagle3Drafter(Eagle3Config(**config))

@@ -12,8 +12,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .hidden import Extractor, Row, batches_by_length, load_rows, load_target, pad_batch
-from .layers import check_layer_ids, default_layer_ids
+from kimi_eagle.eagle3.hidden import Extractor, Row, batches_by_length, load_rows, load_target, pad_batch
+from kimi_eagle.eagle3.layers import check_layer_ids, default_layer_ids
 
 
 class OnlineHiddenStates:

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tokenize.tokenizer import Tokenizer
-from .hidden import Row
+from kimi_eagle.eagle3.hidden import Row
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
 def two_token_splits(tok: Tokenizer) -> dict[int, tuple[int, int]]:

@@ -1,6 +1,6 @@
 """Token IDs in the target model's own row space.
 
-A target directory with a ``kimi_ids.json`` row map (tiny-kimi, :mod:`kimi_eagle.engine.tiny_kimi`) has one
+A target directory with a ``kimi_ids.json`` row map (tiny-kimi, :mod:`kimi_eagle.apps.tiny_kimi`) has one
 embedding/logit row per Kimi ID it knows, not one per ID of the 163,840-ID vocabulary. The data the kit
 collects — engine records, reconstructed rows, prompts — always holds real Kimi IDs; the target, the drafter
 and everything between them (hidden-state shards, the draft vocabulary, speculative decoding) work in rows.
@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..engine.id_map import ID_MAP_FILE, IdMap, IdMapError
+from kimi_eagle.engine.id_map import ID_MAP_FILE, IdMap, IdMapError
 
 ROW_SPACE = f"model rows ({ID_MAP_FILE}: row r is Kimi ID kimi_ids[r])"
 TOKEN_SPACE = "token IDs"

@@ -24,8 +24,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .hidden import Extractor
-from .model import DraftCache
+from kimi_eagle.eagle3.hidden import Extractor
+from kimi_eagle.eagle3.model import DraftCache
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -17,7 +17,6 @@ scheduler, RNG states and the data position; ``--resume`` continues exactly wher
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -35,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io import JsonlAppender, atomic_path, read_jsonl, write_figure, write_json, write_jsonl
-from . import draft_vocab
-from .interop.layouts import open_hidden_states
-from .model import Eagle3Drafter, shift_left, target_tensor
-from .row_space import id_space, target_id_map
+from kimi_eagle.eagle3 import draft_vocab
+from kimi_eagle.eagle3.layouts import open_hidden_states
+from kimi_eagle.eagle3.model import Eagle3Drafter, shift_left, target_tensor
+from kimi_eagle.eagle3.row_space import id_space, target_id_map
+from kimi_eagle.io import JsonlAppender, atomic_path, read_jsonl, write_figure, write_json, write_jsonl
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -222,7 +221,7 @@ def train_drafter(cfg: TrainConfig) -> dict:
         out.mkdir(parents=True, exist_ok=True)
 
     if cfg.online:
-        from .online import OnlineHiddenStates
+        from kimi_eagle.eagle3.online import OnlineHiddenStates
 
         data = OnlineHiddenStates(cfg.target, cfg.data, cfg.layer_ids)
         token_rows = data.token_rows()
@@ -410,41 +409,3 @@ def _close(fig: "Figure") -> None:
 
 # ------------------------------------------------------------------------------------------
 # command line
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = TrainConfig("", "", "")
-    p.add_argument("--data", required=True, help="hidden-state directory from `kimi-eagle extract` (with --online: the rows, as for extract)")
-    p.add_argument("--online", action="store_true", help="run the target in each step instead of reading stored hidden states")
-    p.add_argument("--layers", help="with --online: comma-separated aux block-output ids (default: EAGLE-3's low/mid/high)")
-    p.add_argument("--target", required=True, help="HF target model directory")
-    p.add_argument("-o", "--out", required=True)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps)
-    p.add_argument("--step-weight", type=float, default=d.step_weight)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rows per process per step")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/last.pt if present")
-    p.add_argument("--stop-after", type=int, help="stop after this many steps (checkpointed), e.g. to test resuming")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
-
-
-def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    cfg = TrainConfig(
-        data=args.data, target=args.target, out=args.out, steps=args.steps, ttt_steps=args.ttt_steps,
-        step_weight=args.step_weight, batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size,
-        seed=args.seed, save_every=args.save_every, log_every=args.log_every, resume=args.resume,
-        stop_after=args.stop_after, progress=not args.no_progress, online=args.online,
-        layer_ids=[int(x) for x in args.layers.split(",")] if args.layers else None,
-    )
-    summary = train_drafter(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: summary[k] for k in ("step", "finished", "world_size", "train_tokens_per_s")}
-                         | {"final": summary.get("final")}))
-    return 0

@@ -1,6 +1,6 @@
 """The map between a small model's output rows and the Kimi token IDs they stand for.
 
-A tiny model over Kimi IDs (kimi_eagle.engine.tiny_kimi) has one embedding/logit row per Kimi ID it
+A tiny model over Kimi IDs (kimi_eagle.apps.tiny_kimi) has one embedding/logit row per Kimi ID it
 knows, not 163,840. ``IdMap`` is that explicit correspondence, saved beside the weights as
 ``kimi_ids.json`` (``{"kind", "n_rows", "kimi_ids": [row 0's Kimi ID, row 1's, ...]}``): the engine
 turns prompt Kimi IDs into rows before the model sees them and sampled rows back into Kimi IDs, so
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..io import write_json
+from kimi_eagle.io import write_json
 
 ID_MAP_FILE = "kimi_ids.json"
 ID_MAP_KIND = "kimi-eagle model-row <-> Kimi-ID map"

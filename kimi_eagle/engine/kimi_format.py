@@ -17,12 +17,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..records import RecordError
-from ..reconstruct.encoder import PieceEncoder
-from ..reconstruct.formats import get_format
-from ..reconstruct.parse import SECTION_BEGIN, THINK_END, parse_completion
-from ..reconstruct.record import normalise_messages
-from ..tokenize.tokenizer import Tokenizer
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import get_format
+from kimi_eagle.chat.messages import normalise_messages
+from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, parse_completion
+from kimi_eagle.records import RecordError
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 KIMI_CHAT_FORMAT = "kimi-k2.5"
 KIMI_STOP_TEXT = "<|im_end|>"
@@ -85,7 +85,7 @@ def reasoning_token_count(output_ids: Sequence[int], tok: Tokenizer) -> int:
 def kimi_chat_answer(output_ids: Sequence[int], tok: Tokenizer, engine_finish_reason: str) -> KimiAnswer:
     """Parse sampled K2.5 IDs (after the ``<think>`` of the generation prompt) into the API answer.
 
-    The parse is :func:`kimi_eagle.reconstruct.parse.parse_completion` with its defaults (whitespace kept,
+    The parse is :func:`kimi_eagle.chat.parse.parse_completion` with its defaults (whitespace kept,
     the ids the model wrote, a call never closed keeps its arguments). An engine ``length`` stop stays
     ``length``; an output ending in ``<|im_end|>`` is ``tool_calls`` when a call parsed, else ``stop``.
     """

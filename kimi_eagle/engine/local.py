@@ -6,7 +6,7 @@ plain KV-cached sampling loop (temperature, top-p, seeded ``torch.Generator``) o
 one was sampled) and the finish reason. ``engine_record`` turns that into the engine-record
 schema of docs/CONTRACTS.md, with the sampling parameters alongside, so a run can be replayed.
 
-Chat formats (how messages become prompt IDs; the names are the reconstruction's, kimi_eagle.reconstruct.formats):
+Chat formats (how messages become prompt IDs; the names are the reconstruction's, kimi_eagle.chat.formats):
 
 - ``plain``: ``[BOS] + encode(concatenation of the message contents)`` -- a format with no
   template, for base models such as stories260K.
@@ -14,7 +14,7 @@ Chat formats (how messages become prompt IDs; the names are the reconstruction's
   and encoded with special tokens allowed (``template`` is accepted as an older name for it).
 - ``kimi-k2.5``: Kimi-K2.5's native format (messages and tools rendered by the reconstruction's K2.5
   renderer, kimi_eagle.engine.kimi_format); the default for a model directory with a ``kimi_ids.json``
-  row map (kimi_eagle.engine.tiny_kimi), which also makes ``<|im_end|>`` the stop token. Such a model
+  row map (kimi_eagle.apps.tiny_kimi), which also makes ``<|im_end|>`` the stop token. Such a model
   samples rows; the engine maps them to Kimi IDs, so prompts and outputs are always Kimi IDs.
 
 ``kimi-eagle generate PROMPTS.jsonl -o ENGINE.jsonl --model DIR`` (or ``python -m kimi_eagle.engine.local``)
@@ -26,20 +26,17 @@ engines' incremental detokenizers do; a final EOS contributes nothing.
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import secrets
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..io import atomic_path, read_jsonl
-from ..tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
-from .id_map import IdMap, IdMapError
+from kimi_eagle.engine.id_map import IdMap, IdMapError
+from kimi_eagle.tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
 
 CHAT_FORMATS = ("plain", "hf-template", "kimi-k2.5")
 CHAT_FORMAT_ALIASES = {"template": "hf-template"}  # older names still accepted on input
@@ -203,10 +200,10 @@ class Engine:
         (kimi_eagle.engine.precision: ``float32``, ``bfloat16``, ``float16``, or ``int8`` weight quantization).
 
         ``stop_ids`` replaces the config's ``eos_token_id`` as the tokens that end a generation. A directory with a
-        ``kimi_ids.json`` row map (kimi_eagle.engine.tiny_kimi) is served in ``kimi-k2.5`` with ``<|im_end|>`` as the
+        ``kimi_ids.json`` row map (kimi_eagle.apps.tiny_kimi) is served in ``kimi-k2.5`` with ``<|im_end|>`` as the
         stop unless told otherwise.
         """
-        from .precision import PRECISIONS, apply_precision
+        from kimi_eagle.engine.precision import PRECISIONS, apply_precision
 
         if precision not in PRECISIONS:
             raise EngineError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
@@ -247,7 +244,7 @@ class Engine:
         if self.chat_format == "plain":
             return plain_prompt_ids(self.tok, messages, self.bos_id)
         if self.chat_format == "kimi-k2.5":
-            from .kimi_format import KimiPromptError, KimiPromptRenderer
+            from kimi_eagle.engine.kimi_format import KimiPromptError, KimiPromptRenderer
 
             if self._kimi_renderer is None:
                 self._kimi_renderer = KimiPromptRenderer(self.tok)
@@ -366,39 +363,3 @@ def generate_records(engine: Engine, prompts: Iterable[dict], sampling: Sampling
             yield engine_record(rid, gen, engine.name, engine.chat_format)
         except (EngineError, KeyError) as e:
             yield {"id": rid, "error": str(e)}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompts", help="JSONL of {id, messages} or {id, prompt}")
-    p.add_argument("-o", "--output", required=True, help="engine-record JSONL to write")
-    p.add_argument("--model", required=True, help="HF model directory")
-    p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
-                   help="default: kimi-k2.5 for a model with a kimi_ids.json row map (tiny-kimi), else hf-template "
-                        "if the tokenizer has a chat template, else plain")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, help="seed of the first prompt; prompt i uses seed + i")
-    p.add_argument("--max-tokens", type=int)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Sample every prompt line of ``args.prompts``; write one engine record per line to ``args.output`` atomically."""
-    engine = Engine.from_dir(args.model, args.chat_format)
-    prompts = [line.obj if line.error is None else None for line in read_jsonl(args.prompts)]
-    sampling = SamplingParams(args.temperature, args.top_p, args.seed, args.max_tokens)
-    with atomic_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for rec in generate_records(engine, prompts, sampling):
-            f.write(json.dumps(rec) + "\n")  # ASCII escapes: an id with a lone surrogate cannot stop the run
-    print(f"wrote {len(prompts)} engine records to {args.output}", file=sys.stderr)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kimi_eagle.engine.local``: the same command as ``kimi-eagle generate``."""
-    p = argparse.ArgumentParser(prog="python -m kimi_eagle.engine.local", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

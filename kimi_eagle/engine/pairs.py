@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .local import Engine, Generation, SamplingParams, engine_record
+from kimi_eagle.engine.local import Engine, Generation, SamplingParams, engine_record
 
 DEFAULT_DATASET = "stories"
 

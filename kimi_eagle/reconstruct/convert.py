@@ -16,16 +16,14 @@ item, so one bad item is one error record.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..assets import data_path
-from ..io import MAX_DEPTH, UTF8_BOM, atomic_path, check_encoding, json_depth, loads_checked, read_jsonl
-from ..records import exit_status, positive_int
+from kimi_eagle.assets import data_path
+from kimi_eagle.io import MAX_DEPTH, UTF8_BOM, atomic_path, check_encoding, json_depth, loads_checked, read_jsonl
 
 SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai")
 MODEL = "moonshotai/kimi-k2.5"
@@ -347,16 +345,3 @@ def _convert_file(source_name: str, in_path: str | os.PathLike | None, out_path:
             if "error" in record:
                 errors.append(record["error"])
     return n, errors
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", nargs="?", help="dataset file (default: the bundled dataset for --from)")
-    p.add_argument("--from", dest="source", required=True, choices=SOURCES)
-    p.add_argument("-o", "--output", required=True, help="output JSONL of API records")
-    p.add_argument("--limit", type=positive_int, default=None, help="convert only the first N conversations")
-
-
-def run(args: argparse.Namespace) -> int:
-    n, errors = _convert_file(args.source, args.input, args.output, args.limit)
-    print(f"{args.output}: {n} API records from {args.source}" + (f", {len(errors)} of them errors" if errors else ""))
-    return exit_status({"ok": n - len(errors), "error": len(errors)}, errors)

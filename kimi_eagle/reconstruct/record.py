@@ -14,20 +14,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .completion import SPAN_FIELDS, CompletionOptions, ToolCall, Turn, resolve_truncation
-from .encoder import PieceEncoder
-from .formats import Format
-from ..io import parse_line
-from ..records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
-from ..tokenize.tokenizer import Tokenizer
+from kimi_eagle.chat.completion import SPAN_FIELDS, CompletionOptions, ToolCall, Turn, resolve_truncation
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import Format
+from kimi_eagle.chat.messages import check_text, normalise_messages
+from kimi_eagle.io import parse_line
+from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
+from kimi_eagle.tokenize.tokenizer import Tokenizer
 
-MAX_TEXT_CHARS = 400_000  # one reasoning/content/arguments string; the reference encodes in chunks of this size
 FINISH_REASONS = ("stop", "tool_calls", "length")
 
 
 @dataclass(frozen=True)
 class ReconstructOptions(CompletionOptions):
-    """Completion options (see :class:`~kimi_eagle.reconstruct.completion.CompletionOptions`)."""
+    """Completion options (see :class:`~kimi_eagle.chat.completion.CompletionOptions`)."""
 
 
 @dataclass
@@ -63,15 +63,6 @@ class ReconstructedRow:
 # --------------------------------------------------------------------------------------------
 # Parsing an API record
 
-
-def check_text(text: str, what: str) -> None:
-    """Reject text the tokenizer cannot encode faithfully (lone surrogates, over-long strings)."""
-    if len(text) > MAX_TEXT_CHARS:
-        raise RecordError(f"{what} has {len(text):,} characters, over the {MAX_TEXT_CHARS:,}-character limit")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RecordError(f"{what} is not valid Unicode: lone surrogate {text[e.start]!r} at character {e.start}") from None
 
 
 def _opt_int(value: Any) -> int | None:
@@ -155,33 +146,6 @@ def parse_turn(response: Any) -> Turn:
         check_text(text, "content")
     return Turn(reasoning, text, calls, finish)
 
-
-def normalise_messages(messages: Any) -> list[dict]:
-    """Validate request messages; copy ``reasoning`` to ``reasoning_content`` (the field templates read)."""
-    if not isinstance(messages, list):
-        raise RecordError("request.messages is not a list")
-    out = []
-    for i, m in enumerate(messages):
-        role = m.get("role") if type(m) is dict else None
-        if not isinstance(role, str) or not role:
-            raise RecordError(f"request.messages[{i}] is not a message with a role")
-        c = m.get("content")
-        if type(c) is str:
-            if not c.isascii() or len(c) > MAX_TEXT_CHARS:  # ASCII cannot hold a lone surrogate
-                check_text(c, f"request.messages[{i}].content")
-        elif c is not None and not (isinstance(c, list) and all(isinstance(p, dict) for p in c)):
-            raise RecordError(f"request.messages[{i}].content is neither a string nor a list of parts")
-        calls = m.get("tool_calls")
-        if calls:
-            if not isinstance(calls, list):
-                raise RecordError(f"request.messages[{i}].tool_calls is a {type(calls).__name__}, not a list")
-            for j, call in enumerate(calls):
-                if not isinstance(call, dict) or not isinstance(call.get("function"), dict) or "name" not in call["function"]:
-                    raise RecordError(f"request.messages[{i}].tool_calls[{j}] has no function name")
-        if role == "assistant" and "reasoning_content" not in m and isinstance(m.get("reasoning"), str):
-            m = {**m, "reasoning_content": m["reasoning"]}
-        out.append(m)
-    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import AbstractSet, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 import tiktoken
 
-from ..assets import KIMI_TIKTOKEN_SHA256, AssetError, sha256_bytes
+from kimi_eagle.assets import KIMI_TIKTOKEN_SHA256, AssetError, sha256_bytes
 
 # Kimi's split regex (a fact from the model's tokenizer files).
 KIMI_PAT_STR = "|".join(

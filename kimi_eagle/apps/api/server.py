@@ -1,0 +1,511 @@
+"""``kimi-eagle serve``: an OpenRouter-compatible HTTP server over a local HF causal LM.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` return the OpenRouter response shape
+(text only: ``provider``, ``choices[0].finish_reason``, ``native_finish_reason``, ``usage``) and
+append the token IDs actually sampled to an engine-record file (docs/CONTRACTS.md), one line per
+delivered response. The record's ``id`` is the request's ``X-Record-Id`` header (``kimi-eagle
+collect`` sends its record id there) or else the response id; ``response_id`` is always the
+response's ``id``, so a record pairs with exactly one stored response even after retries.
+
+The chat format (``plain`` for models without a template, such as stories260K: BOS + the
+concatenated message contents; ``hf-template``: the tokenizer's own chat template) is stated at
+start-up, in ``GET /v1/models`` and in the ``X-Chat-Format`` response header. Faults
+(kimi_eagle.apps.api.faults) are off unless flags set them; ``--admin`` adds ``GET/POST /admin/faults``
+and ``GET /admin/stats``; ``--api-key-env NAME`` makes the server require
+``Authorization: Bearer $NAME`` (401 otherwise), like a real API.
+
+In the ``kimi-k2.5`` chat format (a tiny-kimi model, kimi_eagle.apps.tiny_kimi) the request's
+``messages`` and ``tools`` are rendered by the K2.5 renderer, generation stops at ``<|im_end|>``, and
+the sampled IDs are parsed by the kit's Kimi parser (kimi_eagle.chat.parse) into
+``reasoning``, ``content`` and ``tool_calls`` with ``finish_reason`` ``stop``/``tool_calls``/``length``,
+as SGLang/vLLM's Kimi parsers answer; the engine record logs the parser's flags as ``parse_flags``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kimi_eagle.apps.api.faults import Fault, FaultConfig, FaultInjector
+from kimi_eagle.engine.local import (
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+    TemplateRefused,
+    engine_record,
+)
+from kimi_eagle.io import JsonlAppender, read_jsonl
+
+DEFAULT_PROVIDER = "kimi-eagle-local"
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error_body(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"code": status, "message": message}}
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams:
+    if body.get("stream"):
+        raise RequestError(400, "streaming is not supported by this server")
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "n must be 1")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    sp = SamplingParams(
+        temperature=1.0 if body.get("temperature") is None else body["temperature"],
+        top_p=1.0 if body.get("top_p") is None else body["top_p"],
+        seed=body.get("seed"),
+        max_tokens=max_tokens,
+    )
+    try:
+        sp.validate()
+    except EngineError as e:
+        raise RequestError(400, str(e)) from None
+    return sp
+
+
+def _names(prefs: dict[str, Any], key: str) -> list[str]:
+    value = prefs.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RequestError(400, f"provider.{key} must be a list of provider names (strings)")
+    return [v.lower() for v in value]
+
+
+def route_provider(body: dict[str, Any], providers: list[str]) -> str:
+    """The provider (of ``providers``, in table order) that serves ``body`` under OpenRouter's provider routing:
+    ``only`` / ``ignore`` filter, ``order`` is tried first, and with ``allow_fallbacks: false`` nothing outside
+    ``order`` is used. None left: OpenRouter's 404 "No endpoints found"."""
+    prefs = body.get("provider")
+    if prefs is None:
+        return providers[0]
+    if not isinstance(prefs, dict):
+        raise RequestError(400, "provider must be an object")
+    only, ignore, order = _names(prefs, "only"), _names(prefs, "ignore"), _names(prefs, "order")
+    fallbacks = prefs.get("allow_fallbacks", True)
+    if not isinstance(fallbacks, bool):
+        raise RequestError(400, "provider.allow_fallbacks must be a boolean")
+    candidates = [p for p in providers if (not only or p.lower() in only) and p.lower() not in ignore]
+    ordered = sorted((p for p in candidates if p.lower() in order), key=lambda p: order.index(p.lower()))
+    rest = [p for p in candidates if p not in ordered] if (fallbacks or not order) else []
+    chosen = ordered + rest
+    if not chosen:
+        raise RequestError(404, "No endpoints found matching your provider preferences")
+    return chosen[0]
+
+
+def _check_routing(body: dict[str, Any], provider: str) -> None:
+    """OpenRouter provider routing for a single provider (404 when the preferences exclude it)."""
+    route_provider(body, [provider])
+
+
+class App:
+    """The ASGI application: routes, fault injection, generation in a worker thread, record logging."""
+
+    def __init__(self, engine: Engine, records: str | Path, faults: FaultConfig | None = None,
+                 provider: str = DEFAULT_PROVIDER, admin: bool = False, api_key: str | None = None,
+                 more_providers: dict[str, Engine] | None = None) -> None:
+        """``engine`` is served as ``provider``; ``more_providers`` (name -> engine of the same model, e.g. at another
+        precision) makes a provider table that requests choose from with OpenRouter's ``provider`` routing."""
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        self.engine = engine
+        self.providers: dict[str, Engine] = {provider: engine, **(more_providers or {})}
+        if any(e.name != engine.name for e in self.providers.values()):
+            raise ValueError("every provider of one server serves the same model name")
+        self.log = JsonlAppender(records)  # engine records, one complete flushed line each
+        self.faults = FaultInjector(faults)
+        self.provider = provider
+        self._api_key = api_key
+        self.stats = {"requests": 0, "delivered": 0, "errors": 0}
+        routes = [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        if admin:
+            routes += [Route("/admin/faults", self.admin_faults, methods=["GET", "POST"]),
+                       Route("/admin/stats", self.admin_stats, methods=["GET"])]
+        self.app = Starlette(routes=routes, exception_handlers={Exception: _internal_error})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+    def _unauthorized(self, request: Any) -> Any:
+        """A 401 JSON reply when a key is required and the request lacks it (else None); compared in constant time."""
+        import hmac
+
+        from starlette.responses import JSONResponse
+
+        if not self._api_key:
+            return None
+        given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+        if hmac.compare_digest(given, f"Bearer {self._api_key}".encode()):
+            return None
+        return JSONResponse(_error_body(401, "No auth credentials found"), status_code=401)
+
+    # ---- informational routes
+
+    def model_card(self) -> dict[str, Any]:
+        e = self.engine
+        return {"id": e.name, "object": "model", "owned_by": self.provider, "chat_format": e.chat_format,
+                "providers": {name: eng.precision for name, eng in self.providers.items()},
+                "context_length": e.context_length, "bos_token_id": e.bos_id, "eos_token_ids": e.eos_ids,
+                "chat_format_description": ("BOS + the concatenated message contents, no template"
+                                            if e.chat_format == "plain" else "the tokenizer's chat template")}
+
+    async def models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"object": "list", "data": [self.model_card()]})
+
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", "model": self.engine.name, "chat_format": self.engine.chat_format})
+
+    async def admin_faults(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        if request.method == "POST":
+            try:
+                payload = await _json_body(request)
+                if not isinstance(payload, dict):
+                    raise RequestError(400, "the fault configuration must be a JSON object")
+                self.faults.configure(FaultConfig.from_dict(payload))
+            except RequestError as e:
+                return JSONResponse(_error_body(e.status, str(e)), status_code=e.status)
+            except (ValueError, TypeError) as e:
+                return JSONResponse(_error_body(400, str(e)), status_code=400)
+        return JSONResponse(self.faults.config.to_dict())
+
+    async def admin_stats(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        return JSONResponse({**self.stats, "faults": dict(self.faults.counts)})
+
+    # ---- generation routes
+
+    async def chat(self, request: Any) -> Any:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Any) -> Any:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Any, chat: bool) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        self.stats["requests"] += 1
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        fault = self.faults.draw()
+        if fault.slow:
+            await asyncio.sleep(self.faults.config.slow_seconds)
+        headers = {"X-Chat-Format": self.engine.chat_format}
+        if fault.kind in ("429", "500", "503"):
+            status = int(fault.kind)
+            message = {429: "Rate limit exceeded (injected)", 500: "Internal server error (injected)",
+                       503: "Service unavailable (injected)"}[status]
+            if status == 429:
+                headers["Retry-After"] = _seconds(self.faults.config.retry_after)
+            return JSONResponse(_error_body(status, message), status_code=status, headers=headers)
+        try:
+            body = await _json_body(request)
+            if not isinstance(body, dict):
+                raise RequestError(400, "request body must be a JSON object")
+            if body.get("model") != self.engine.name:
+                model = body.get("model")
+                shown = repr(model)[:100] if isinstance(model, str) else f"a {type(model).__name__}"
+                raise RequestError(400, f"{shown} is not a valid model ID (this server has {self.engine.name!r})")
+            provider = route_provider(body, list(self.providers))
+            engine = self.providers[provider]
+            sampling = _sampling(body)
+            if chat:
+                _check_text(body.get("messages"), "messages")
+                prompt_ids = engine.prompt_ids(body.get("messages"), body.get("tools"))
+            else:
+                _check_text(body.get("prompt"), "prompt")
+                prompt_ids = engine.text_prompt_ids(body.get("prompt"))
+            gen = await run_in_threadpool(engine.generate, prompt_ids, sampling)
+        except RequestError as e:
+            self.stats["errors"] += 1
+            return JSONResponse(_error_body(e.status, str(e)), status_code=e.status, headers=headers)
+        except TemplateRefused as e:  # the model folder's template, not the request, is at fault
+            self.stats["errors"] += 1
+            return JSONResponse(_error_body(500, str(e)), status_code=500, headers=headers)
+        except (EngineError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+            # anything else a request's content can provoke is the request's fault: a JSON 400, never a traceback
+            self.stats["errors"] += 1
+            return JSONResponse(_error_body(400, f"invalid request: {type(e).__name__}: {e}"[:500]), status_code=400,
+                                headers=headers)
+        parse_flags: list[str] = []
+        response = self._response(gen, chat, provider, engine, parse_flags)
+        if fault.kind in ("truncate", "drop"):
+            return _BrokenResponse(response, fault, headers)
+        extra = {"parse_flags": parse_flags} if chat and engine.chat_format == "kimi-k2.5" else {}
+        self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, engine.name,
+                                      engine.chat_format, response_id=response["id"], provider=provider,
+                                      precision=engine.precision, **extra))
+        self.stats["delivered"] += 1
+        return JSONResponse(response, headers=headers)
+
+    def _response(self, gen: Generation, chat: bool, provider: str, engine: Engine,
+                  parse_flags: list[str] | None = None) -> dict[str, Any]:
+        """The OpenRouter-shaped reply to ``gen``; in ``kimi-k2.5`` the parser's flags are appended to ``parse_flags``."""
+        text = engine.text(gen)
+        n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
+        reasoning_tokens = 0
+        if chat and engine.chat_format == "kimi-k2.5":
+            from kimi_eagle.engine.kimi_format import kimi_chat_answer
+
+            answer = kimi_chat_answer(gen.output_ids, engine.tok, gen.finish_reason)
+            reasoning_tokens = answer.reasoning_tokens
+            if parse_flags is not None:
+                parse_flags.extend(answer.flags)
+            choice = {"logprobs": None, "finish_reason": answer.finish_reason, "native_finish_reason": answer.finish_reason,
+                      "index": 0, "message": answer.message}
+        elif chat:
+            choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
+                      "index": 0, "message": {"role": "assistant", "content": text, "refusal": None, "reasoning": None}}
+        else:
+            choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
+                      "index": 0, "text": text}
+        return {
+            "id": f"gen-{uuid.uuid4().hex}",
+            "provider": provider,
+            "model": engine.name,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "choices": [choice],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+                      "cost": 0, "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}},
+        }
+
+
+MAX_JSON_DEPTH = 64  # far deeper than any chat request; a 5,000-deep body is refused before parsing
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``raw`` (JSON text) nests arrays/objects deeper than ``limit``, brackets inside strings ignored.
+    A linear scan, so a hostile body cannot make the parser recurse."""
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+async def _json_body(request: Any) -> Any:
+    """The request body parsed as JSON, or a ``RequestError`` (400/413) saying why not."""
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    if json_depth_exceeds(raw):
+        raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise RequestError(400, f"request body is not JSON: {e}"[:300]) from None
+
+
+def _check_text(value: Any, where: str) -> None:
+    """Every string in ``value`` must be encodable as UTF-8 (a lone surrogate such as ``"\\ud800"`` is refused with a
+    400, never turned into U+FFFD or a crash)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(400, f"{where}: text is not valid Unicode ({e.reason} at index {e.start})") from None
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+async def _internal_error(request: Any, exc: Exception) -> Any:
+    """An unforeseen failure is a JSON 500 naming the exception type; the traceback goes to the server's log only."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(_error_body(500, f"internal error ({type(exc).__name__})"), status_code=500)
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+class _BrokenResponse:
+    """A reply that goes wrong on the wire: a truncated JSON body, or a connection dropped mid-body."""
+
+    def __init__(self, payload: dict[str, Any], fault: Fault, headers: dict[str, str]) -> None:
+        self.body = json.dumps(payload).encode()
+        self.fault = fault
+        self.headers = headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        half = self.body[: len(self.body) // 2]
+        length = len(half) if self.fault.kind == "truncate" else len(self.body)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(length).encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        # truncate: a complete HTTP message carrying half a JSON document; drop: the connection
+        # closes after half the promised bytes (the server closes it when we return early).
+        await send({"type": "http.response.body", "body": half, "more_body": self.fault.kind == "drop"})
+
+
+def delivered_engine_records(engine_log: str | Path, responses: str | Path) -> list[dict[str, Any]]:
+    """The engine record of each stored response, in the order of ``responses`` (exactly one per ``ok`` record).
+
+    A retried or resumed request can leave several engine records with the same id (a reply
+    sampled after the client had timed out, or stored by a collector that was then killed); the
+    one that belongs to a stored response is the one whose ``response_id`` is that response's ``id``.
+    """
+    by_response = {line.obj.get("response_id"): line.obj for line in read_jsonl(engine_log) if isinstance(line.obj, dict)}
+    out = []
+    for line in read_jsonl(responses):
+        rec = line.obj
+        if isinstance(rec, dict) and rec.get("status") == "ok":
+            engine = by_response.get((rec.get("response") or {}).get("id"))
+            if engine is not None:
+                out.append(engine)
+    return out
+
+
+# ---- command line
+
+
+class LocalServer:
+    """``kimi-eagle serve`` in a child process on a free 127.0.0.1 port (tests, notebooks, benchmarks).
+
+    ``with LocalServer(model_dir, records) as srv: srv.base_url`` -- the process is stopped by its PID
+    on exit (SIGTERM, then SIGKILL after ``stop_timeout``); every wait is bounded.
+    """
+
+    def __init__(self, model_dir: str | Path, records: str | Path, *extra_args: str, model_name: str | None = None,
+                 start_timeout: float = 60.0, stop_timeout: float = 10.0, log: str | Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.model_dir, self.records = str(model_dir), str(records)
+        self.extra_args = [str(a) for a in extra_args]
+        self.model_name = model_name
+        self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
+        self.log_path = Path(log) if log else None
+        self.env = {**os.environ, **env} if env else None
+        self.proc: subprocess.Popen | None = None
+        self.api_key = None  # the admin routes need the key when the server requires one
+        if "--api-key-env" in self.extra_args:
+            name = self.extra_args[self.extra_args.index("--api-key-env") + 1]
+            self.api_key = (self.env or os.environ).get(name)
+        self.base_url = ""
+        self.pid = 0
+
+    def start(self) -> "LocalServer":
+        ready = Path(tempfile.mkdtemp(prefix="kimi-eagle-serve-")) / "ready.json"
+        cmd = [sys.executable, "-m", "kimi_eagle", "serve", "--model", self.model_dir, "--host", "127.0.0.1",
+               "--port", "0", "--records", self.records, "--ready-file", str(ready), *self.extra_args]
+        if self.model_name:
+            cmd += ["--served-model-name", self.model_name]
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if self.log_path else out,
+                                         env=self.env)
+        finally:
+            if self.log_path:
+                out.close()
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + self.start_timeout
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kimi-eagle serve exited with {self.proc.returncode} before listening"
+                                   + (f"; see {self.log_path}" if self.log_path else ""))
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"kimi-eagle serve not ready after {self.start_timeout}s")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        ready.unlink()
+        ready.parent.rmdir()
+        self.base_url = info["base_url"]
+        self._wait_healthy(deadline)
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        import httpx
+
+        while True:
+            try:
+                if httpx.get(self.base_url.rsplit("/v1", 1)[0] + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or (self.proc and self.proc.poll() is not None):
+                self.stop()
+                raise TimeoutError("kimi-eagle serve did not become healthy")
+            time.sleep(0.05)
+
+    def admin(self, path: str, payload: dict | None = None) -> dict:
+        """GET (or POST ``payload`` to) an admin route; the server must run with ``--admin``."""
+        import httpx
+
+        url = self.base_url.rsplit("/v1", 1)[0] + path
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        r = (httpx.post(url, json=payload, headers=headers, timeout=10) if payload is not None
+             else httpx.get(url, headers=headers, timeout=10))
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=self.stop_timeout)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

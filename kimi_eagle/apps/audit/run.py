@@ -1,0 +1,220 @@
+"""``kimi-eagle audit``: does each API provider return what the model itself would produce?
+
+    kimi-eagle audit PROMPTS -o DIR --base-url URL --model M --providers A,B,C [--reference ENGINE.jsonl] [--repeats K]
+
+For every prompt line (the collector's prompt format) and every provider, ``--repeats`` greedy completions are
+requested (``temperature 0``, a fixed ``seed``, ``provider: {"only": [X], "allow_fallbacks": false}``) through
+``kimi_eagle.apps.api.collect`` — its retries, rate-limit handling, resume and key handling (``OPENROUTER_API_KEY``,
+redacted everywhere) included — into ``DIR/api/<provider>.jsonl``; each file is reconstructed
+(``kimi_eagle.reconstruct.job``) into ``DIR/recon/<provider>.parquet``; and the completions are compared by the
+diff stage's byte-level classifier (``kimi_eagle.apps.audit.compare``).
+
+Outputs (all written atomically): ``completions.parquet`` — one row per prompt × provider × repeat, ``ok`` or
+``error`` with the stage that failed and why (a bad prompt line, a collection error, a reconstruction error),
+so nothing goes unaccounted; ``pairs.parquet`` — every comparison (provider pairs, provider vs reference, repeat
+vs repeat 0); ``hunks.parquet`` — the first hunks of every divergent comparison (the evidence);
+``summary.json`` — the agreement matrix, self-consistency, first-divergence distributions, and the providers
+ranked by how often and how early they diverge. Rerunning the same command resumes: finished requests are kept.
+
+Exit codes: 0 every request answered (ok or a permanent error), 1 some requests exhausted their retries,
+3 a provider rejected the key (401/402: the audit stops), 2 bad input.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from kimi_eagle.apps.audit.compare import REFERENCE, Completion, compare_all, summarize
+from kimi_eagle.io import atomic_path, read_jsonl, write_json, write_jsonl
+
+REPEAT_SEP = "#r"  # audit request id = prompt id + "#r" + repeat
+
+
+def audit_request(body: dict[str, Any], provider: str, seed: int, max_tokens: int | None) -> dict[str, Any]:
+    """``body`` made greedy, seeded and pinned to ``provider`` with no fallbacks (``max_tokens`` only if unset)."""
+    out = {**body, "temperature": 0, "seed": seed, "provider": {"only": [provider], "allow_fallbacks": False}}
+    if max_tokens is not None and out.get("max_tokens") is None and out.get("max_completion_tokens") is None:
+        out["max_tokens"] = max_tokens
+    return out
+
+
+def read_prompts(path: str | Path, model: str) -> list[tuple[str, dict | None, str | None]]:
+    """``(prompt id, request body or None, error or None)`` for every line of ``path``, in order, none dropped:
+    unreadable lines, lines without messages and repeated ids (the first valid one wins) are errors."""
+    from kimi_eagle.apps.api.collect import build_request
+
+    out: list[tuple[str, dict | None, str | None]] = []
+    seen: dict[str, int] = {}
+    for line in read_jsonl(path):
+        obj = line.obj
+        given = obj.get("id") if isinstance(obj, dict) else None
+        pid = str(given) if isinstance(given, (str, int)) and not isinstance(given, bool) else f"<line {line.lineno}>"
+        try:
+            if line.error:
+                raise ValueError(line.error)
+            if not isinstance(obj, dict):
+                raise ValueError("prompt line is not a JSON object")
+            if REPEAT_SEP in pid:
+                raise ValueError(f"prompt id {pid!r} contains {REPEAT_SEP!r}, which the audit uses for repeats")
+            if pid in seen:
+                raise ValueError(f"duplicate id {pid!r} (first at line {seen[pid]})")
+            body = build_request(obj, model, {})
+            seen[pid] = line.lineno
+            out.append((pid, body, None))
+        except (ValueError, TypeError) as e:
+            if pid in seen or any(p == pid for p, _, _ in out):
+                pid = f"{pid} <line {line.lineno}>"
+            out.append((pid, None, f"line {line.lineno}: {e}"))
+    if not out:
+        raise ValueError(f"{path}: no prompt lines")
+    return out
+
+
+def _api_outcomes(path: Path) -> dict[str, dict]:
+    return {str(line.obj.get("id")): line.obj for line in read_jsonl(path) if isinstance(line.obj, dict)} \
+        if path.exists() else {}
+
+
+def gather_completions(prompts: Sequence[tuple[str, dict | None, str | None]], providers: Sequence[str], repeats: int,
+                       api_dir: Path, recon_dir: Path) -> list[Completion]:
+    """One ``Completion`` per prompt × provider × repeat from the stored API records and reconstructions."""
+    from kimi_eagle.reconstruct.job import read_rows
+
+    out: list[Completion] = []
+    for provider in providers:
+        api = _api_outcomes(api_dir / f"{provider}.jsonl")
+        recon_path = recon_dir / f"{provider}.parquet"
+        recon = {str(r["id"]): r for r in read_rows(recon_path).to_dict("records")} if recon_path.exists() else {}
+        for pid, body, error in prompts:
+            for r in range(repeats):
+                rid = f"{pid}{REPEAT_SEP}{r}"
+                c = Completion(pid, provider, r, "error")
+                rec, row = api.get(rid), recon.get(rid)
+                if body is None:
+                    c.stage, c.error = "input", error
+                elif rec is None:
+                    c.stage, c.error = "collect", "no API record (the collection stopped before this request)"
+                elif rec.get("status") != "ok":
+                    err = rec.get("error") or {}
+                    c.stage, c.error = "collect", f"{err.get('kind')}: {err.get('message')}"[:300]
+                elif row is None:
+                    c.stage, c.error = "reconstruct", "no reconstructed row"
+                elif row.get("status") != "ok":
+                    c.stage, c.error = "reconstruct", str(row.get("error"))[:300]
+                else:
+                    c.status, c.ids = "ok", [int(i) for i in row["completion_ids"]]
+                    c.segments = [dict(s) for s in row.get("segments") if s is not None] \
+                        if row.get("segments") is not None else []
+                    c.finish_reason = row.get("finish_reason")
+                out.append(c)
+    return out
+
+
+def read_reference(path: str | Path, tok: Any, prompt_ids: Sequence[str]) -> dict[str, Completion]:
+    """The reference engine's completion of each prompt id (engine records; a missing or bad one is an error)."""
+    from kimi_eagle.diff.run import read_engine
+
+    entries = read_engine(path, tok)
+    out = {}
+    for pid in prompt_ids:
+        e = entries.get(pid)
+        if e is None:
+            out[pid] = Completion(pid, REFERENCE, 0, "error", "reference", "no engine record with this id")
+        elif e.error:
+            out[pid] = Completion(pid, REFERENCE, 0, "error", "reference", e.error)
+        else:
+            out[pid] = Completion(pid, REFERENCE, 0, "ok", ids=list(e.output_ids), finish_reason=e.finish_reason)
+    return out
+
+
+def _write_parquet(rows: list[dict], path: Path, columns: Sequence[str]) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame(rows, columns=list(columns))
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+COMPLETION_COLUMNS = ("prompt_id", "provider", "repeat", "status", "stage", "error", "n_tokens", "finish_reason", "ids")
+PAIR_COLUMNS = ("prompt_id", "kind", "a", "b", "repeat", "status", "error", "identical", "verdict", "label",
+                "first_divergence", "len_a", "len_b", "length_diff", "n_hunks")
+HUNK_COLUMNS = ("prompt_id", "a", "b", "hunk", "kind", "subclass", "a_tok_start", "a_tok_end", "b_tok_start",
+                "b_tok_end", "a_ids", "b_ids", "a_bytes", "b_bytes")
+
+
+def audit(prompts_path: str | Path, out_dir: str | Path, base_url: str, model: str, providers: Sequence[str],
+          reference: str | Path | None = None, repeats: int = 2, seed: int = 0, max_tokens: int | None = 64,
+          tokenizer_dir: str | Path | None = None, format_name: str = "kimi-k2.5", concurrency: int = 4,
+          max_attempts: int = 8, timeout: float = 120.0, progress: bool = True,
+          api_key: str | None = None) -> dict[str, Any]:
+    """Run the audit into ``out_dir`` (see the module docstring); returns ``summary.json``'s content."""
+    from kimi_eagle.apps.api.collect import CollectConfig, collect
+    from kimi_eagle.assets import kimi_dir
+    from kimi_eagle.reconstruct.job import reconstruct_file
+    from kimi_eagle.tokenize.tokenizer import load_tokenizer
+
+    providers = list(providers)
+    if not providers or len(set(p.lower() for p in providers)) != len(providers) or REFERENCE in providers:
+        raise ValueError(f"--providers must name distinct providers (and not {REFERENCE!r}), got {providers}")
+    if not (isinstance(repeats, int) and repeats >= 1):
+        raise ValueError(f"--repeats must be >= 1, got {repeats!r}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: the output must be a directory")
+    config = CollectConfig(base_url, model, concurrency, max_attempts, timeout, progress=progress)  # validated here
+    tokenizer_dir = tokenizer_dir or kimi_dir()
+    tok = load_tokenizer(tokenizer_dir)
+    prompts = read_prompts(prompts_path, model)
+    if reference is not None and not Path(reference).is_file():
+        raise ValueError(f"--reference {reference}: not a file")
+    collected: dict[str, Any] = {}
+    aborted = None
+    for provider in providers:
+        lines = [{"id": f"{pid}{REPEAT_SEP}{r}", "request": audit_request(body, provider, seed, max_tokens)}
+                 for pid, body, _ in prompts if body is not None for r in range(repeats)]
+        write_jsonl(out / "prompts" / f"{provider}.jsonl", lines)
+        api_path = out / "api" / f"{provider}.jsonl"
+        if lines:
+            summary = collect(out / "prompts" / f"{provider}.jsonl", api_path, config, api_key=api_key)
+            collected[provider] = {k: summary[k] for k in ("ok", "permanent", "exhausted", "bad_prompt", "retries")}
+            if summary["aborted"]:
+                aborted = f"{provider}: {summary['aborted']}"
+                break
+            reconstruct_file(api_path, out / "recon" / f"{provider}.parquet", tokenizer_dir, format_name,
+                             progress=False, tokenizer=tok)
+    completions = gather_completions(prompts, providers, repeats, out / "api", out / "recon")
+    ref = read_reference(reference, tok, [pid for pid, _, _ in prompts]) if reference is not None else None
+    pairs, hunks = compare_all(tok, completions, providers, ref)
+    _write_parquet([{**c.__dict__, "n_tokens": len(c.ids) if c.ids is not None else None}
+                    for c in completions + list((ref or {}).values())], out / "completions.parquet", COMPLETION_COLUMNS)
+    _write_parquet(pairs, out / "pairs.parquet", PAIR_COLUMNS)
+    _write_parquet(hunks, out / "hunks.parquet", HUNK_COLUMNS)
+    summary = summarize(pairs, providers, ref is not None)
+    by_status: dict[str, int] = {}
+    for c in completions:
+        key = "ok" if c.status == "ok" else f"error:{c.stage}"
+        by_status[key] = by_status.get(key, 0) + 1
+    summary.update(prompts=len(prompts), bad_prompts=sum(body is None for _, body, _ in prompts), repeats=repeats,
+                   requests=len(completions), completions=by_status, collect=collected, aborted=aborted,
+                   settings={"base_url": base_url, "model": model, "seed": seed, "max_tokens": max_tokens,
+                             "temperature": 0, "format": format_name, "tokenizer": str(tokenizer_dir),
+                             "reference": str(reference) if reference is not None else None})
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def matrix_text(summary: dict[str, Any]) -> str:
+    """The agreement matrix as a fixed-width table: identical share (k/n) per cell, self-consistency on the diagonal."""
+    names = summary["names"]
+    width = max(14, *(len(n) + 2 for n in names))
+    lines = [" " * width + "".join(n.rjust(width) for n in names)]
+    for a in names:
+        cells = []
+        for b in names:
+            cell = summary["matrix"][a].get(b)
+            cells.append((f"{cell['k']}/{cell['n']}" if cell else "-").rjust(width))
+        lines.append(a.ljust(width) + "".join(cells))
+    return "\n".join(lines)
+
+
+# ---- command line

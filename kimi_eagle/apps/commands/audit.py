@@ -1,0 +1,40 @@
+"""``kimi-eagle audit``: does each API provider return what the model itself would produce?"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kimi_eagle.apps.audit.run import audit, matrix_text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompts", help="prompts JSONL (the collector's format: {id, messages} or {id, prompt})")
+    p.add_argument("-o", "--out", required=True, help="output directory (rerun to resume)")
+    p.add_argument("--base-url", required=True, help="e.g. https://openrouter.ai/api/v1 or a local `kimi-eagle serve`")
+    p.add_argument("--model", required=True)
+    p.add_argument("--providers", required=True, help="comma-separated provider names, each pinned with provider.only")
+    p.add_argument("--reference", help="engine records (JSONL) of the same prompt ids from the reference engine")
+    p.add_argument("--repeats", type=int, default=2, help="requests per prompt and provider (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="the fixed seed sent with every request")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens for prompts that set none (default 64)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the Kimi tokenizer in the assets)")
+    p.add_argument("--format", default="kimi-k2.5", help="reconstruction chat format (default kimi-k2.5; plain for stories260K)")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-attempts", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    summary = audit(args.prompts, args.out, args.base_url, args.model, providers, args.reference, args.repeats,
+                    args.seed, args.max_tokens, args.tokenizer, args.format, args.concurrency, args.max_attempts,
+                    args.timeout, progress=not args.no_progress)
+    print(matrix_text(summary))
+    print(json.dumps({"completions": summary["completions"], "divergence_ranking": summary["divergence_ranking"]},
+                     indent=2))
+    if summary["aborted"]:
+        print(f"kimi-eagle audit: stopped: {summary['aborted']}", file=sys.stderr)
+        return 3
+    return 1 if any(c["exhausted"] for c in summary["collect"].values()) else 0

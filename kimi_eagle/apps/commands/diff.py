@@ -1,0 +1,32 @@
+"""``kimi-eagle diff``: engine token IDs against reconstructed IDs, by bytes, for every record."""
+from __future__ import annotations
+
+import argparse
+
+from kimi_eagle.diff.run import diff_rows, read_engine, read_labels, read_reconstructed, write_diff
+from kimi_eagle.records import exit_status
+from kimi_eagle.tokenize.tokenizer import load_tokenizer
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True, help="engine records (JSONL: id + output_ids, SGLang or vLLM shape); "
+                   "without engine records, validate by billing: `kimi-eagle billing --reconstructed ROWS -o DIR`")
+    p.add_argument("--reconstructed", required=True, help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
+    p.add_argument("-o", "--out", required=True, help="output directory (records.parquet, hunks.parquet, meta.json)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
+    p.add_argument("--labels", default=None, help="expected labels (labels.parquet from `kimi-eagle simulate`)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kimi_eagle.assets import kimi_dir
+
+    recon_rows = read_reconstructed(args.reconstructed)  # refuse a bad file before loading the tokenizer
+    labels = read_labels(args.labels) if args.labels else None
+    tok = load_tokenizer(args.tokenizer or kimi_dir())
+    result = diff_rows(tok, read_engine(args.engine, tok), recon_rows, labels)
+    out = write_diff(result, args.out, {"engine": str(args.engine), "reconstructed": str(args.reconstructed),
+                                        "tokenizer": tok.name, "labels": args.labels})
+    counts = result.records["status"].value_counts().to_dict()
+    labels = result.records["label"].value_counts().to_dict()
+    print(f"{len(result.records)} records ({counts}), {len(result.hunks)} hunks; labels {labels} -> {out}")
+    return exit_status(counts, [e for e, st in zip(result.records["error"], result.records["status"]) if st == "error"])

@@ -1,0 +1,47 @@
+"""``kimi-eagle export-data ROWS --to tokens|speculators|specforge -o DIR``: exact-ID training rows."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from kimi_eagle.apps.interop.export_data import TARGETS, _target_config, export_data
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("rows", help="reconstructed .parquet, engine-record .jsonl, or {input_ids, loss_mask} .jsonl")
+    p.add_argument("--to", choices=TARGETS, required=True)
+    p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument("--target", help="target model directory (its config.json gives vocab size, layers, hidden size)")
+    p.add_argument("--vocab-size", type=int, help="target vocabulary size (default: from --target)")
+    p.add_argument("--n-layers", type=int, help="target decoder layers, for the run configs (default: from --target)")
+    p.add_argument("--hidden-size", type=int, help="target hidden size, for the run configs (default: from --target)")
+    p.add_argument("--max-length", type=int, help="cut rows to this many tokens (counted as truncated)")
+    p.add_argument("--drop-flag", action="append", default=None, metavar="FLAG",
+                   help="drop rows carrying this reconstruction flag (repeatable; default: literal_marker, whose "
+                        "marker text cannot say whether the model emitted special tokens)")
+    p.add_argument("--keep-literal-marker", action="store_true",
+                   help="keep rows flagged literal_marker (dropped by default)")
+    p.add_argument("--draft-vocab-size", type=int, default=32000)
+
+
+DEFAULT_DROP_FLAGS = ("literal_marker",)
+
+
+def _drop_flags(args: argparse.Namespace) -> list[str]:
+    """The flags to drop rows by: ``--drop-flag`` values, else :data:`DEFAULT_DROP_FLAGS` unless kept."""
+    flags = list(args.drop_flag) if args.drop_flag is not None else list(DEFAULT_DROP_FLAGS)
+    return [f for f in flags if not (f == "literal_marker" and args.keep_literal_marker)]
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = _target_config(args.target)
+    vocab_size = args.vocab_size or cfg.get("vocab_size")
+    if not vocab_size:
+        raise ValueError("give --vocab-size or --target")
+    m = export_data(args.rows, args.to, args.out, vocab_size=int(vocab_size), max_length=args.max_length,
+                    drop_flags=_drop_flags(args), draft_vocab_size=args.draft_vocab_size, target=args.target,
+                    n_layers=args.n_layers or cfg.get("num_hidden_layers"),
+                    hidden_size=args.hidden_size or cfg.get("hidden_size"))
+    print(json.dumps({k: m[k] for k in ("to", "rows_in", "rows_written", "rows_dropped", "dropped_by_reason",
+                                        "rows_truncated", "tokens_written", "files")}))
+    return 0

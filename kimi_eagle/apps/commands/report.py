@@ -1,0 +1,53 @@
+"""``kimi-eagle report DIFF_DIR -o REPORT_DIR``: summary.json, review charts, and report.html."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kimi_eagle.tokenize.tokenizer import Tokenizer
+
+import argparse
+import json
+from pathlib import Path
+
+from kimi_eagle.apps.reports.diff_report import DATA_KINDS, write_report
+from kimi_eagle.diff.run import read_diff
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("diff_dir", help="output directory of `kimi-eagle diff`")
+    p.add_argument("-o", "--out", required=True, help="report directory (summary.json, *.png, report.html)")
+    p.add_argument("--data", choices=DATA_KINDS, default=None,
+                   help="say the numbers come from simulated or real data (default: simulated when the diff has "
+                        "expected labels from `kimi-eagle simulate`, else real)")
+    p.add_argument("--tokenizer", default=None,
+                   help="the diff's tokenizer directory, to show token boundaries in example hunks (default: the "
+                        "bundled Kimi tokenizer when the diff was made with it)")
+
+
+def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer | None":
+    """The tokenizer named by ``--tokenizer``, else the bundled Kimi one when the diff's meta.json names it."""
+    from kimi_eagle.assets import kimi_dir
+    from kimi_eagle.tokenize.tokenizer import load_tokenizer
+
+    if tokenizer:
+        return load_tokenizer(tokenizer)
+    try:
+        meta = json.loads((Path(diff_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if str(meta.get("tokenizer", "")).startswith("kimi:"):
+        try:
+            return load_tokenizer(kimi_dir())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    result = read_diff(args.diff_dir)
+    summary = write_report(result, args.out, args.data, _diff_tokenizer(args.diff_dir, args.tokenizer))
+    v = summary["verdict"]
+    print(f"{summary['data']} data: {summary['n_records']} records; exact {v['exact']}, bpe_split {v['bpe_split']}, semantic {v['semantic']}; "
+          f"{len(summary['charts'])} charts -> {Path(args.out) / 'report.html'}")
+    return 0

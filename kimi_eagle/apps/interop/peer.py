@@ -1,0 +1,143 @@
+"""The peer trainer on CPU: speculators' own ``Eagle3DraftModel`` and its own loss, driven by a minimal loop
+with the kit's optimizer settings (``bench/peer_trainer.py``, ``tests/test_peer_trainer.py``).
+
+speculators' ``Trainer`` needs a GPU (``torch.cuda``, NCCL, flex attention); everything below it runs on CPU
+with eager attention. What is speculators' here: the model class (built by its ``from_training_args``, its
+own weight initialisation, its ``load_vocab_mappings`` / ``load_verifier_weights``: embeddings and
+``lm_head`` from the target, both frozen), its data path (``ArrowDataset`` over the export-data rows and
+their ``hs_{row}.safetensors``, its ``shift_batch`` preprocessing and ``CollateFn`` packing a batch into one
+sequence with document ids), its TTT forward and its loss (``kl_div``, eager implementation,
+``ttt_step_loss_decay``). What is the kit's (so that only the trainer differs): the rows of every step
+(:func:`~kimi_eagle.eagle3.train.batch_indices` with the same seed), AdamW (betas 0.9/0.95, no weight
+decay), the warmup + cosine schedule, gradient clipping, hidden states in float32.
+
+speculators is imported inside the functions only: the kit runs without it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from kimi_eagle.eagle3.layers import trainer_layer_ids
+from kimi_eagle.eagle3.train import _lr_lambda
+
+
+@dataclass
+class PeerConfig:
+    """Settings of one peer run; defaults equal :class:`~kimi_eagle.eagle3.train.TrainConfig`'s."""
+
+    export_dir: str  # `kimi-eagle export-data --to speculators` directory, hidden states in export_dir/hidden_states
+    target: str
+    out: str
+    steps: int = 200
+    ttt_steps: int = 7
+    step_weight: float = 0.8  # speculators' ttt_step_loss_decay
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup: float = 0.05
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    draft_vocab_size: int = 256
+    seed: int = 0
+    norm_before_residual: bool = False  # speculators' CLI defaults these three to True; the kit's layer has them off
+    norm_before_fc: bool = False
+    norm_output: bool = False
+
+
+def _require_speculators():
+    try:
+        import speculators  # noqa: F401
+    except ImportError as e:  # pragma: no cover - the interop extra is installed by make
+        raise RuntimeError("the peer trainer needs speculators (pip install --no-deps -r requirements-interop.txt)") from e
+
+
+def build_model(cfg: PeerConfig, aux_layer_ids: Sequence[int]):
+    """speculators' ``Eagle3DraftModel`` for the target, built by its own ``from_training_args`` with the
+    export's ``d2t``/``t2d`` (``d2t-N.npy``/``t2d-N.npy``), eager attention, weights initialised under
+    ``torch.manual_seed(cfg.seed)``."""
+    _require_speculators()
+    import numpy as np
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import create_transformer_layer_config
+    from transformers import AutoConfig
+
+    export = Path(cfg.export_dir)
+    d2t = torch.from_numpy(np.load(export / f"d2t-{cfg.draft_vocab_size}.npy")).to(torch.long)
+    t2d = torch.from_numpy(np.load(export / f"t2d-{cfg.draft_vocab_size}.npy")).to(torch.bool)
+    n_layers = AutoConfig.from_pretrained(cfg.target).num_hidden_layers
+    # speculators' CLI path: one llama layer shaped from the verifier; full attention (its default is a
+    # 2048-token sliding window, the same thing for rows this short, and not what SGLang/vLLM's layer does)
+    layer_config = create_transformer_layer_config(str(cfg.target), num_layers=1, draft_arch="llama", hidden_act=None,
+                                                   sliding_window=2048, full_attention_indices=[0])
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        model = Eagle3DraftModel.from_training_args(
+            layer_config, t2d=t2d, d2t=d2t, verifier_name_or_path=str(cfg.target), draft_vocab_size=cfg.draft_vocab_size,
+            target_layer_ids=trainer_layer_ids(aux_layer_ids, n_layers, "speculators"), draft_attn_impl="eager",
+            norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc,
+            norm_output=cfg.norm_output, ttt_steps=cfg.ttt_steps)
+    return model.float()
+
+
+class PeerData:
+    """speculators' ``ArrowDataset`` over the export (file ``hs_i`` = Arrow row ``i``) and its packing collate."""
+
+    def __init__(self, export_dir: str | Path, hidden_size: int):
+        _require_speculators()
+        from speculators.train.data import ArrowDataset
+
+        self.dataset = ArrowDataset(max_len=1 << 30, datapath=str(export_dir), on_missing="raise",
+                                    hidden_states_dtype=torch.float32)
+        self.hidden_size = hidden_size
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def batch(self, rows: Sequence[int]) -> dict:
+        """The packed batch of ``rows`` (``shift_batch`` per row, ``CollateFn`` with room for all of them)."""
+        from speculators.models.eagle3.data import shift_batch
+        from speculators.train.data import CollateFn
+
+        items = [self.dataset[i] for i in rows]
+        total = sum(int(it["input_ids"].shape[0]) - 1 for it in items)
+        batch = CollateFn(max_len=total, hidden_size=self.hidden_size, dtype=torch.float32, preprocess=shift_batch)(items)
+        batch.pop("error_records", None)
+        return batch
+
+
+def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[Sequence[int]]) -> dict:
+    """Train speculators' drafter on ``batches`` (Arrow row indices per step, ``cfg.steps`` of them) and save it
+    with its own ``save_pretrained`` into ``cfg.out/drafter``. Returns ``{losses, acc0, seconds, tokens,
+    train_tokens_per_s, drafter}`` (``losses``: step 0's KL per step; ``acc0``: step 0's top-1 agreement) (tokens: real, unpadded tokens fed to the model; seconds: the loop only)."""
+    from speculators.losses import resolve_loss_config
+
+    model = build_model(cfg, aux_layer_ids)
+    data = PeerData(cfg.export_dir, model.hidden_size)
+    loss_config = resolve_loss_config("kl_div", "eager")  # the fused kernels need Triton (a GPU)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.steps, cfg.warmup))
+    model.train()
+    losses, tokens, full_acc0 = [], 0, []
+    start = time.perf_counter()
+    for rows in batches[: cfg.steps]:
+        batch = data.batch(rows)
+        tokens += int((batch["document_ids"] != -1).sum())
+        _drafts, loss, metrics = model(**batch, ttt_steps=cfg.ttt_steps, ttt_step_loss_decay=cfg.step_weight,
+                                       loss_config=loss_config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(metrics["loss_0_sum"]))  # step 0's KL (speculators' own per-step metric)
+        full_acc0.append(float(metrics["full_acc_0_sum"]) / max(1.0, float(metrics["full_acc_0_total"])))
+    seconds = time.perf_counter() - start
+    out = Path(cfg.out) / "drafter"
+    model.save_pretrained(str(out))
+    return {"losses": losses, "acc0": full_acc0, "seconds": seconds, "tokens": tokens,
+            "train_tokens_per_s": tokens / seconds if seconds else None, "drafter": str(out)}

@@ -1,0 +1,432 @@
+"""The combined review of a batch: ``summary.parquet``, ``summary.html`` and comparison charts.
+
+One row per planned run, whatever its state: ``run``, ``status`` (``ok`` / ``failed`` / ``missing``),
+``duration_s``, ``attempts``, ``error``, ``failed_cell``, ``notebook`` and ``html`` (paths relative to
+RUN_DIR), then ``param.<name>`` for every parameter and ``metric.<name>`` for every key of the run's
+``metrics.json`` (nested mappings flattened with dots).
+
+Intervals: a numeric metric ``m`` is drawn with an error bar when the same file holds ``m_ci`` (``[lo, hi]``),
+``m_lo``/``m_hi``, ``m_low``/``m_high`` or ``m_ci_low``/``m_ci_high``.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from kimi_eagle.io import atomic_path, write_figure, write_text
+
+BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
+MAX_CHARTS = 24
+STATUS_ORDER = {"ok": 0, "failed": 1, "missing": 2}
+
+
+def summary_frame(run_dir: Path, runs: list[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
+    """One row per ``(name, params)`` in ``runs``, read from ``RUN_DIR/<name>/run.json`` and ``metrics.json``."""
+    rows = []
+    for name, params in runs:
+        state = _read_json(run_dir / name / "run.json") or {}
+        status = state.get("status", "missing")
+        if status == "running":  # an interrupted run: not finished, will be re-run by --resume
+            status = "missing"
+        metrics = _read_json(run_dir / name / "metrics.json") if status in ("ok", "failed") else None
+        cell = state.get("failed_cell") or {}
+        row = {
+            "run": name, "status": status, "duration_s": state.get("duration_s"),
+            "attempts": state.get("attempts", 0), "error": state.get("error"),
+            "failed_cell": cell.get("source"), "failed_cell_index": cell.get("index"),
+            "notebook": state.get("notebook"), "html": state.get("html"),
+        }
+        row.update({f"param.{k}": v for k, v in params.items()})
+        row.update({f"metric.{k}": v for k, v in _flatten(metrics or {}).items()})
+        rows.append(row)
+    return _parquet_safe(pd.DataFrame(rows))
+
+
+def write_summary(run_dir: Path, runs: list[tuple[str, dict[str, Any]]], title: str = "batch") -> pd.DataFrame:
+    """Write ``summary.parquet``, ``charts/*.png`` and ``summary.html`` into ``run_dir`` (atomically)."""
+    df = summary_frame(run_dir, runs)
+    with atomic_path(run_dir / "summary.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
+    charts = comparison_charts(df, run_dir / "charts")
+    write_text(run_dir / "summary.html", summary_html(df, [c.relative_to(run_dir) for c in charts], title))
+    return df
+
+
+def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Charts comparing runs: a bar per run for each numeric metric (error bars from its interval), one stacked
+    bar per run for each mapping of counts (e.g. ``verdict``), a line per run for each list metric (e.g. per step).
+
+    Metrics that are zero (or missing) in every run, and metrics with the same value in every run that has them
+    (stated once in ``summary.html`` instead), are left out: there is nothing to compare. Run labels carry the
+    run's data kind (``metrics.json["data"]``: ``simulated`` or ``real``) when it has one.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = [c for c in _metric_columns(df) if c not in set(constant_metrics(df))]
+    bounds = {c for m in metrics for c in _interval_columns(df, m) or ()}
+    numeric = [c for c in metrics if c not in bounds and df[c].notna().any()
+               and all(_is_number(v) for v in df[c].dropna())]
+    groups: dict[str, list[str]] = {}
+    for c in numeric:
+        if c.count(".") >= 2:
+            groups.setdefault(c.rsplit(".", 1)[0], []).append(c)
+    groups = {g: cols for g, cols in groups.items() if len(cols) >= 2}
+    grouped = {c for cols in groups.values() for c in cols}
+
+    paths: list[Path] = []
+    for col in metrics:
+        if len(paths) >= MAX_CHARTS or col in bounds or col in grouped:
+            continue
+        values = df[col]
+        have = values.notna()
+        name = col[len("metric."):]
+        path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
+        if col in numeric and _nonzero(values):
+            _write_png(bar_chart(df[have], col, _interval_columns(df, col)), path)
+        elif have.any() and all(_is_number_list(v) for v in values[have]):
+            _write_png(line_chart(df[have], col), path)
+        else:
+            continue
+        paths.append(path)
+    for group, cols in groups.items():
+        cols = [c for c in cols if _nonzero(df[c])]
+        if cols and len(paths) < MAX_CHARTS:
+            name = group[len("metric."):]
+            path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
+            _write_png(stacked_chart(df[df[cols].notna().any(axis=1)], cols, name), path)
+            paths.append(path)
+    return paths
+
+
+def readable(name: str) -> str:
+    """A metric column as a reader would say it: ``metric.mismatch_rate_ci.0`` -> ``mismatch rate (CI low)``,
+    ``metric.verdict.exact`` -> ``verdict › exact``."""
+    name = name[len("metric."):] if name.startswith("metric.") else name
+    name = name[len("param."):] if name.startswith("param.") else name
+    for suffix, say in ((r"_ci\.0$", " (CI low)"), (r"_ci\.1$", " (CI high)"), (r"_(lo|low|ci_low|ci_lo)$", " (CI low)"),
+                        (r"_(hi|high|ci_high|ci_hi)$", " (CI high)")):
+        name = re.sub(suffix, say, name)
+    return name.replace(".", " › ").replace("_", " ")
+
+
+def constant_metrics(df: pd.DataFrame) -> dict[str, Any]:
+    """Metric columns with one value in every run that has them (at least two runs): ``{column: value}``."""
+    out: dict[str, Any] = {}
+    for c in _metric_columns(df):
+        present = [_plain(v) for v in df[c] if _present(v)]
+        if len(present) >= 2 and all(_same(v, present[0]) for v in present[1:]):
+            out[c] = present[0]
+    return out
+
+
+def run_labels(df: pd.DataFrame) -> list[str]:
+    """Each run's name, with its data kind (``simulated``/``real``) in brackets when its metrics say."""
+    data = df["metric.data"] if "metric.data" in df else pd.Series([None] * len(df), index=df.index)
+    return [f"{r} [{d}]" if _present(d) else str(r) for r, d in zip(df["run"], data)]
+
+
+def _metric_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith("metric.") and c != "metric.data"]
+
+
+def _nonzero(values: pd.Series) -> bool:
+    return any(_present(v) and (not _is_number(v) or v != 0) for v in values)
+
+
+def _figure(n_runs: int) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(8, max(2.2, 0.45 * n_runs + 1.3)))
+    return fig, fig.subplots()
+
+
+def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:
+    """One horizontal stacked bar per run, one segment per column (e.g. the counts of a ``verdict`` mapping)."""
+    labels = run_labels(df)
+    fig, ax = _figure(len(labels))
+    left = [0.0] * len(labels)
+    for col in cols:
+        values = [float(_plain(v)) if _is_number(v) else 0.0 for v in df[col]]
+        bars = ax.barh(labels, values, left=left, label=readable(col.rsplit(".", 1)[1]))
+        ax.bar_label(bars, labels=[_fmt(v) if v else "" for v in values], fontsize=8, label_type="center")
+        left = [a + b for a, b in zip(left, values)]
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set(xlabel=f"{readable(name)} (stacked counts)", ylabel="run")
+    _title(ax, f"{readable(name)} per run")
+    fig.tight_layout()
+    return fig
+
+
+def bar_chart(df: pd.DataFrame, col: str, interval: tuple[str, str] | None = None) -> Figure:
+    """One horizontal bar per run (error bars from ``interval``'s two columns). Shares and rates — every value
+    and bound within [0, 1] — get a 0–1 axis; other metrics start at zero (or end there when negative)."""
+    labels = run_labels(df)
+    values = [float(_plain(v)) for v in df[col]]
+    fig, ax = _figure(len(labels))
+    err = None
+    lo = hi = values
+    if interval is not None:
+        lo = [float(_plain(v)) if _is_number(v) else val for v, val in zip(df[interval[0]], values)]
+        hi = [float(_plain(v)) if _is_number(v) else val for v, val in zip(df[interval[1]], values)]
+        err = [[max(0.0, v - a) for v, a in zip(values, lo)], [max(0.0, b - v) for v, b in zip(values, hi)]]
+    bars = ax.barh(labels, values, xerr=err, color="#1976d2", capsize=4, error_kw={"ecolor": "#333"},
+                   label=readable(col) + (" (95% interval)" if interval else ""))
+    ax.bar_label(bars, labels=[_fmt(v) for v in values], fontsize=8, padding=4)
+    ax.invert_yaxis()
+    everything = [*values, *lo, *hi]
+    if all(0.0 <= v <= 1.0 for v in everything):
+        ax.set_xlim(0, 1.0)
+    else:
+        low, high = min(0.0, *everything), max(0.0, *everything)
+        pad = 0.15 * (high - low or 1.0)
+        ax.set_xlim(low - (pad if low < 0 else 0), high + (pad if high > 0 else 0))
+    ax.set(xlabel=readable(col), ylabel="run")
+    _title(ax, f"{readable(col)} per run" + (" (error bars: 95% interval)" if interval else ""))
+    fig.tight_layout()
+    return fig
+
+
+def line_chart(df: pd.DataFrame, col: str) -> Figure:
+    """One line per run for a list-valued metric (e.g. a value per training step)."""
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
+    for label, values in zip(run_labels(df), df[col]):
+        ax.plot(range(len(values)), [float(v) for v in values], marker="o", markersize=3, label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="index (e.g. step)", ylabel=readable(col))
+    _title(ax, f"{readable(col)} per run")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _title(ax: Any, text: str, fontsize: float = 10.5) -> None:
+    """A title wrapped to the figure's width, never clipped."""
+    chars = max(20, int(ax.figure.get_figwidth() * 72 / (fontsize * 0.55)))
+    ax.set_title("\n".join(textwrap.wrap(text, chars)), fontsize=fontsize)
+
+
+TABLE_METRIC_COLUMNS = 8  # metric columns per table, so every table fits a 1,400 px page
+
+
+def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
+    """The batch's page: status per run, varying parameters, metrics grouped into narrow tables, values that are
+    the same in every run stated once, failures with their cell, and the comparison charts."""
+    counts = df["status"].value_counts().to_dict()
+    head = ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: (STATUS_ORDER.get(s, 9), s)))
+    params = [c for c in df.columns if c.startswith("param.")]
+    varying = [c for c in params if df[c].map(lambda v: _show(v) if _present(v) else "").nunique() > 1] or params
+    constant = constant_metrics(df)
+    metrics = [c for c in _metric_columns(df) if c not in constant]
+    intervals = {m: iv for m in metrics if (iv := _interval_columns(df, m))}  # shown with their metric
+    bounds = {c for iv in intervals.values() for c in iv}
+    metrics = [c for c in metrics if c not in bounds]
+    has_data = "metric.data" in df and df["metric.data"].map(_present).any()
+    data_note = ""
+    if has_data:
+        kinds = df["metric.data"][df["metric.data"].map(_present)].map(str).value_counts().to_dict()
+        data_note = ("<p class='data'>Data: " + ", ".join(f"{n} run{'s' if n != 1 else ''} on <b>{html.escape(k)}</b> data"
+                                                       for k, n in kinds.items())
+                     + ". Simulated runs measure the classifier on injected effects; their mismatch rates are set by "
+                       "the simulator, not by real reconstructions.</p>")
+
+    def row_class(r: pd.Series) -> str:
+        return html.escape(str(r["status"]))
+
+    run_cols = ["run", "status", *(["metric.data"] if has_data else []), "duration_s", *varying]
+    th = ("<tr>" + "".join(f"<th>{html.escape('data' if c == 'metric.data' else readable(c))}</th>" for c in run_cols)
+          + "<th>notebook</th></tr>")
+    body = []
+    for _, r in df.iterrows():
+        cells = "".join(_cell(c, r[c]) for c in run_cols)
+        links = " ".join(f'<a href="{html.escape(str(r[k]))}">{k}</a>' for k in ("html", "notebook") if _present(r[k]))
+        body.append(f'<tr class="{row_class(r)}">{cells}<td>{links}</td></tr>')
+    runs_table = f"<table>{th}{''.join(body)}</table>"
+
+    metric_tables = []
+    by_group: dict[str, list[str]] = {}
+    for c in metrics:
+        by_group.setdefault(c.split(".")[1] if c.count(".") >= 2 else "", []).append(c)
+    singles = by_group.pop("", [])
+    chunks = [("", singles[i:i + TABLE_METRIC_COLUMNS]) for i in range(0, len(singles), TABLE_METRIC_COLUMNS)]
+    for group, cols in by_group.items():
+        chunks += [(group, cols[i:i + TABLE_METRIC_COLUMNS]) for i in range(0, len(cols), TABLE_METRIC_COLUMNS)]
+    for group, cols in chunks:
+        label = f"{readable(group)}" if group else "metrics"
+        th = (f'<tr><th></th><th colspan="{len(cols)}">{html.escape(label)}</th></tr><tr><th>run</th>'
+              + "".join(f"<th>{html.escape(readable(c.split('.', 2)[2] if group else c))}"
+                        f"{' (95% interval)' if c in intervals else ''}</th>" for c in cols) + "</tr>")
+        rows = "".join(f'<tr class="{row_class(r)}">{_cell("run", r["run"])}'
+                       + "".join(_cell(c, r[c], [r[b] for b in intervals[c]] if c in intervals else None) for c in cols)
+                       + "</tr>" for _, r in df.iterrows() if r["status"] == "ok" or any(_present(r[c]) for c in cols))
+        metric_tables.append(f"<table class='metrics'>{th}{rows}</table>")
+
+    failures = "".join(
+        f"<h3>{html.escape(str(r['run']))}</h3><p><b>{html.escape(str(r['error']))}</b></p>"
+        + (f"<p>failing cell (index {int(r['failed_cell_index'])}):</p><pre>{html.escape(str(r['failed_cell']))}</pre>"
+           if _present(r["failed_cell"]) else "")
+        for _, r in df[df.status == "failed"].iterrows())
+    fixed = [c for c in params if c not in varying]
+    fixed_html = "".join(f"<li><code>{html.escape(c[6:])}</code> = {html.escape(_show(df[c].iloc[0]))}</li>" for c in fixed)
+    same_html = "".join(f"<li>{html.escape(readable(c))} = <b>{html.escape(_show(v))}</b></li>" for c, v in constant.items())
+    imgs = "".join(f'<figure><img src="{html.escape(str(p))}" alt="{html.escape(p.stem)}"></figure>' for p in charts)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>
+body{{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}} table{{border-collapse:collapse;font-size:13px;
+margin:8px 0 16px;max-width:1400px}} td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right;max-width:260px;
+overflow-wrap:anywhere}} th{{white-space:normal}} td:first-child{{text-align:left}}
+tr.ok td:nth-child(2){{color:#2e7d32}} tr.failed td:nth-child(2){{color:#c62828;font-weight:bold}}
+tr.missing td:nth-child(2){{color:#777}} table.metrics tr td:nth-child(2){{color:inherit;font-weight:normal}}
+pre{{background:#f5f5f5;padding:8px;overflow:auto;white-space:pre-wrap}} p.data{{background:#fff3e0;
+border:2px solid #ef6c00;padding:8px 12px;border-radius:4px}}
+figure{{display:inline-block;margin:8px}} img{{max-width:640px}}</style></head><body>
+<h1>{html.escape(title)}</h1><p>{len(df)} runs: {html.escape(head)}</p>
+{data_note}
+{f"<p>Fixed parameters:</p><ul>{fixed_html}</ul>" if fixed_html else ""}
+<h2>Runs</h2>{runs_table}
+{"<h2>Metrics</h2>" + "".join(metric_tables) if metric_tables else ""}
+{f"<p>The same in every run (not charted):</p><ul>{same_html}</ul>" if same_html else ""}
+{f"<h2>Failed runs</h2>{failures}" if failures else ""}
+{f"<h2>Comparison across runs</h2>{imgs}" if imgs else ""}
+</body></html>
+"""
+
+
+def _write_png(fig: Figure, path: Path) -> None:
+    """Write ``fig`` to ``path`` as a PNG (atomically)."""
+    write_figure(fig, path, dpi=110)
+
+
+def _interval_columns(df: pd.DataFrame, col: str) -> tuple[str, str] | None:
+    for lo_suffix, hi_suffix in BOUND_SUFFIXES:
+        if hi_suffix is None:
+            ci = f"{col}{lo_suffix}"
+            if f"{ci}.0" in df.columns and f"{ci}.1" in df.columns:
+                return f"{ci}.0", f"{ci}.1"
+        elif f"{col}{lo_suffix}" in df.columns and f"{col}{hi_suffix}" in df.columns:
+            return f"{col}{lo_suffix}", f"{col}{hi_suffix}"
+    return None
+
+
+def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings become dotted keys; a two-number list named ``*_ci`` becomes ``.0`` / ``.1``."""
+    flat: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{key}."))
+        elif str(k).endswith("_ci") and isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v):
+            flat[f"{key}.0"], flat[f"{key}.1"] = float(v[0]), float(v[1])
+        else:
+            flat[key] = v
+    return flat
+
+
+def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns whose values mix types (or hold non-numeric lists) become JSON text, so any metrics.json fits."""
+    for col in df.columns:
+        present = [v for v in df[col] if _present(v)]
+        if not present:
+            continue
+        if all(_is_number_list(v) for v in present):
+            continue
+        kinds = {"number" if _is_number(v) else type(v).__name__ for v in present}
+        if len(kinds) > 1 or kinds & {"list", "dict", "tuple"}:
+            df[col] = [json.dumps(v, default=str) if _present(v) else None for v in df[col]]
+    return df
+
+
+def _cell(col: str, value: Any, interval: list[Any] | None = None) -> str:
+    value = _plain(value)
+    if col == "duration_s" and _is_number(value):
+        text = f"{value:.1f}"
+    else:
+        text = _show(value) if _present(value) else ""
+    if text and interval and all(_is_number(v) for v in interval):
+        text += f" [{_fmt(float(_plain(interval[0])))}, {_fmt(float(_plain(interval[1])))}]"
+    full = text
+    if len(text) > 120:
+        text = text[:117] + "…"
+    title = f' title="{html.escape(full)}"' if full != text else ""
+    return f"<td{title}>{html.escape(text)}</td>"
+
+
+def _plain(v: Any) -> Any:
+    """numpy scalars and arrays as plain Python values (``np.int64(5)`` -> ``5``, ``np.True_`` -> ``True``)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _show(v: Any) -> str:
+    """A value as a reader expects it: numbers formatted, strings bare, lists and mappings as JSON."""
+    v = _plain(v)
+    if _is_number(v):
+        return _fmt(float(v))
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, bool):
+        return str(v)
+    try:
+        return json.dumps(v, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b) or (_is_number(a) and _is_number(b) and float(a) == float(b))
+    except (TypeError, ValueError):
+        return False
+
+
+def _fmt(v: float) -> str:
+    """``5``, ``1,234``, ``234,549`` (no exponent below 10^12), ``0.25``, ``0.0001234``."""
+    if not math.isfinite(v):
+        return str(v)
+    if v == int(v) and abs(v) < 1e12:
+        return f"{int(v):,}"
+    if 1000 <= abs(v) < 1e12:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def _present(v: Any) -> bool:
+    v = _plain(v)
+    if isinstance(v, list):
+        return True
+    if v is None:
+        return False
+    if isinstance(v, float) and math.isnan(v):
+        return False
+    return True
+
+
+def _is_number(v: Any) -> bool:
+    v = _plain(v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and _present(v)
+
+
+def _is_number_list(v: Any) -> bool:
+    v = _plain(v)
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(_is_number(x) for x in v)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+

@@ -1,0 +1,398 @@
+"""``kimi-eagle billing``: billing-only validation of a reconstruction, for API users without an engine.
+
+    kimi-eagle billing --reconstructed RECON.parquet -o BILLING_DIR [--tokenizer DIR] [--data real|simulated]
+
+The provider's own counts (``usage.completion_tokens``, ``...reasoning_tokens``) are the only independent
+check on a reconstruction when no engine token IDs exist. Every reconstructed row gets a billing verdict
+(:func:`kimi_eagle.diff.billing.reconcile_rows`); this module aggregates them per provider and per dataset
+(the gap in % of billed tokens with a bootstrap 95% interval, the unexplained-record rate with a Wilson 95%
+interval, which conventions each provider follows), draws the charts and writes::
+
+    BILLING_DIR/billing_records.parquet   one row per input row (verdict, reason, deltas)
+    BILLING_DIR/summary.json              everything below, machine-readable
+    BILLING_DIR/metrics.json              the headline numbers (flat), with "evidence": "billing-only"
+    BILLING_DIR/*.png, report.html        charts and the self-contained report
+
+Everything is labelled as billing-only evidence: a count can agree while the IDs differ (a split that
+merges elsewhere) and a convention can hide a non-canonical split; only an engine diff sees IDs.
+
+A chart, a report section or one record's segment table that fails (an unforeseen value) is replaced by a
+visible note naming the record or part and the reason; the rest is written, and ``summary.json["left_out"]``
+counts what was left out. Provider and dataset names are drawn as literal text (never mathtext) and escaped.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from matplotlib.figure import Figure
+
+from kimi_eagle.apps.reports.diff_report import MAX_NOTES, _note, _plain, _reason, chart_embedder, wilson
+from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
+from kimi_eagle.io import atomic_path, write_figure, write_json, write_text
+from kimi_eagle.tokenize.tokenizer import Tokenizer
+
+EVIDENCE = "billing-only"
+DATA_LABELS = ("real", "simulated")
+CLASS_COLORS = {"match": "#388e3c", "explained": "#1976d2", "unexplained": "#d32f2f", "no_billing": "#9e9e9e",
+                "error": "#424242"}
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_ratio_ci(numerator: np.ndarray, denominator: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap 95% interval of ``sum(numerator) / sum(denominator)`` over records (None if empty)."""
+    num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if not len(num) or den.sum() <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(num), size=(resamples, len(num)))
+    d = den[idx].sum(axis=1)
+    ratios = np.where(d > 0, num[idx].sum(axis=1) / np.where(d > 0, d, 1), np.nan)
+    lo, hi = np.nanpercentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def group_table(records: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per value of ``by`` (and ``all``): counts per verdict class, the billed−reconstructed gap in % of billed
+    tokens (bootstrap CI), the unexplained gap, the unexplained-record rate (Wilson CI) and, per provider,
+    the conventions it follows."""
+    rec = records.assign(**{by: records[by].fillna("(none)")})
+    rows = []
+    for name, g in [*rec.groupby(by, sort=True), ("all", rec)]:
+        cls = g["verdict"].map(verdict_class)
+        billed = g[g["billed_completion_tokens"].notna() & (g["status"] == "ok")]
+        b = billed["billed_completion_tokens"].to_numpy(dtype=float)
+        gap = billed["billing_delta"].to_numpy(dtype=float)
+        residual = billed["unexplained_tokens"].fillna(0).to_numpy(dtype=float)
+        n_unexplained = int((cls == "unexplained").sum())
+        lo, hi = wilson(n_unexplained, len(billed))
+        gap_ci = bootstrap_ratio_ci(gap, b)
+        res_ci = bootstrap_ratio_ci(residual, b)
+        row: dict[str, Any] = {by: name, "records": len(g), **{c: int((cls == c).sum()) for c in VERDICTS},
+                               "billed_tokens": int(b.sum()), "reconstructed_tokens": int(billed["n_recon_tokens"].sum()),
+                               "gap_pct": 100 * gap.sum() / b.sum() if b.sum() else None,
+                               "gap_pct_lo": 100 * gap_ci[0] if gap_ci else None,
+                               "gap_pct_hi": 100 * gap_ci[1] if gap_ci else None,
+                               "unexplained_gap_pct": 100 * residual.sum() / b.sum() if b.sum() else None,
+                               "unexplained_gap_pct_lo": 100 * res_ci[0] if res_ci else None,
+                               "unexplained_gap_pct_hi": 100 * res_ci[1] if res_ci else None,
+                               "unexplained_rate": n_unexplained / len(billed) if len(billed) else None,
+                               "unexplained_lo": lo, "unexplained_hi": hi}
+        if by == "provider" and name != "all":
+            pc = provider_conventions(zip(g["provider"], g["eot_vote"], g["reasoning_vote"]))[name]
+            row.update(end_of_turn=_convention(pc.eot, pc.eot_votes),
+                       reasoning_count=_convention(pc.reasoning, pc.reasoning_votes))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _convention(choice: str, votes: dict[str, int]) -> str:
+    n = sum(votes.values())
+    return f"{choice} ({votes.get(choice, 0)}/{n} records that can tell)" if n else "unknown (no record can tell)"
+
+
+def summarize_billing(records: pd.DataFrame, data: str = "real") -> dict[str, Any]:
+    """Everything ``summary.json`` holds; ``data`` says whether the responses are ``real`` or ``simulated``."""
+    cls = records["verdict"].map(verdict_class)
+    conventions = records["conventions"].map(lambda c: list(c) if c is not None else [])
+    by_provider, by_dataset = group_table(records, "provider"), group_table(records, "dataset")
+    everything = by_provider.iloc[-1].to_dict()
+    return {
+        "evidence": EVIDENCE, "data": data, "n_records": len(records),
+        "verdict_class": {c: int((cls == c).sum()) for c in VERDICTS},
+        "verdict": {k: int(v) for k, v in records["verdict"].value_counts().items()},
+        "records_with_convention": {k: int(v) for k, v in conventions.explode().dropna().value_counts().items()},
+        "no_billing_reasons": {k: int(v) for k, v in records.loc[cls == "no_billing", "reason"].value_counts().items()},
+        "errors": records.loc[cls == "error", ["id", "reason"]].head(20).to_dict("records"),
+        "all": {k: everything[k] for k in ("billed_tokens", "reconstructed_tokens", "gap_pct", "gap_pct_lo", "gap_pct_hi",
+                                            "unexplained_gap_pct", "unexplained_gap_pct_lo", "unexplained_gap_pct_hi",
+                                            "unexplained_rate", "unexplained_lo", "unexplained_hi")},
+        "by_provider": by_provider.replace({np.nan: None}).to_dict("records"),
+        "by_dataset": by_dataset.replace({np.nan: None}).to_dict("records"),
+        "worst": worst_records(records).to_dict("records"),
+    }
+
+
+def worst_records(records: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """The unexplained records with the largest |unexplained tokens| (ties: larger |delta| first)."""
+    un = records[records["verdict"] == "unexplained"]
+    order = un.assign(_k=un["unexplained_tokens"].abs(), _d=un["billing_delta"].abs()).sort_values(
+        ["_k", "_d"], ascending=False, kind="stable")
+    return order.head(n)[["id", "provider", "dataset", "finish_reason", "billed_completion_tokens", "n_recon_tokens",
+                          "billing_delta", "unexplained_tokens", "reason"]]
+
+
+def metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The flat headline numbers (``metrics.json``; ``kimi-eagle batch`` tabulates them)."""
+    a = summary["all"]
+    return {"evidence": EVIDENCE, "data": summary["data"], "n_records": summary["n_records"],
+            **{f"billing_{k}": v for k, v in summary["verdict_class"].items()},
+            "billing_gap_pct": a["gap_pct"], "billing_gap_pct_ci": [a["gap_pct_lo"], a["gap_pct_hi"]],
+            "billing_unexplained_gap_pct": a["unexplained_gap_pct"],
+            "billing_unexplained_rate": a["unexplained_rate"],
+            "billing_unexplained_rate_ci": [a["unexplained_lo"], a["unexplained_hi"]]}
+
+
+# --------------------------------------------------------------------------------------------
+# charts
+
+
+def _title(text: str, data: str) -> str:
+    return f"{text}\n[billing-only evidence · {data} data]"
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    write_figure(fig, path, dpi=110)
+    return path
+
+
+def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
+    """Per-record billed − reconstructed completion tokens (clipped ±20), stacked by verdict class."""
+    b = records[records["billing_delta"].notna()]
+    fig = Figure(figsize=(8.5, 4.2))
+    ax = fig.subplots()
+    bins = np.arange(-20.5, 21.5)
+    if len(b):
+        cls = b["verdict"].map(verdict_class)
+        groups = [(c, b.loc[cls == c, "billing_delta"].clip(-20, 20)) for c in ("match", "explained", "unexplained")]
+        groups = [(c, d) for c, d in groups if len(d)]
+        ax.hist([d for _, d in groups], bins=bins, stacked=True, color=[CLASS_COLORS[c] for c, _ in groups],
+                label=[f"{c} ({len(d):,})" for c, d in groups])
+        ax.set_yscale("symlog", linthresh=10)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no billed records", ha="center", va="center", transform=ax.transAxes, color="#777")
+    ax.set(title=_title(f"Billed − reconstructed completion tokens per record ({len(b):,} billed; clipped ±20)", data),
+           xlabel="usage.completion_tokens − reconstructed tokens", ylabel="records (symlog)")
+    return _save(fig, path)
+
+
+def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
+    """Left: gap in % of billed tokens (bootstrap 95% CI), all and unexplained; right: unexplained-record rate (Wilson)."""
+    t = table[table["billed_tokens"] > 0].reset_index(drop=True)
+    fig = Figure(figsize=(max(10, 1.8 * len(t) + 4), 4.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    x = np.arange(len(t))
+    for off, what, color, label in ((-0.2, "gap_pct", "#ff8f00", "billed − reconstructed"),
+                                    (0.2, "unexplained_gap_pct", "#d32f2f", "unexplained by conventions")):
+        v = t[what].astype(float).to_numpy()
+        err = np.clip(np.array([v - t[f"{what}_lo"].astype(float), t[f"{what}_hi"].astype(float) - v]), 0, None)
+        bars = ax1.bar(x + off, v, 0.4, yerr=err, capsize=4, color=color, label=label)
+        ax1.bar_label(bars, labels=[f"{val:+.3f}%" for val in v], padding=3, fontsize=7)
+    ax1.axhline(0, color="#555", linewidth=0.8)
+    ax1.set_xticks(x, [_plain(v) for v in t[by]], rotation=20, ha="right")  # names are data, never mathtext
+    ax1.set(title=_title(f"Token gap in % of billed tokens per {by} (bootstrap 95% CI)", data), xlabel=by,
+            ylabel="% of billed completion tokens")
+    ax1.legend(fontsize=8)
+    rate = t["unexplained_rate"].astype(float).fillna(0).to_numpy()
+    err = np.clip(np.array([rate - t["unexplained_lo"], t["unexplained_hi"] - rate], dtype=float), 0, None)
+    bars = ax2.bar(x, rate, 0.6, yerr=err, capsize=4, color=CLASS_COLORS["unexplained"])
+    n_billed = t[["match", "explained", "unexplained"]].sum(axis=1)
+    ax2.bar_label(bars, labels=[f"{k}/{n}" for k, n in zip(t["unexplained"], n_billed)], padding=3, fontsize=8)
+    ax2.set_xticks(x, [_plain(v) for v in t[by]], rotation=20, ha="right")
+    ax2.set_ylim(0, min(1.05, max(0.1, float((rate + err[1]).max()) * 1.25)) if len(t) else 1)
+    ax2.set(title=_title(f"Unexplained records per {by} (Wilson 95% CI)", data), xlabel=by,
+            ylabel="share of billed records")
+    return _save(fig, path)
+
+
+def chart_verdicts(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
+    """Records per verdict class for each value of ``by`` (stacked horizontal bars)."""
+    t = table[table[by] != "all"]
+    fig = Figure(figsize=(9, 0.5 * len(t) + 2.2))
+    ax = fig.subplots()
+    left = np.zeros(len(t))
+    y = np.arange(len(t))
+    ax.set_yticks(y, [_plain(v) for v in t[by]])  # names are data, never mathtext
+    for c in VERDICTS:
+        v = t[c].to_numpy(dtype=float)
+        if v.sum():
+            bars = ax.barh(y, v, left=left, color=CLASS_COLORS[c], label=c)
+            ax.bar_label(bars, labels=[f"{int(k)}" if k else "" for k in v], label_type="center", fontsize=8, color="#fff")
+            left += v
+    ax.set(title=_title(f"Billing verdicts per {by}", data), xlabel="records", ylabel=by)
+    if len(t):
+        ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, path)
+
+
+def make_charts(records: pd.DataFrame, summary: dict[str, Any], out: Path,
+                notes: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """Every billing chart as a PNG in ``out``. With ``notes``, a chart that fails is left out and noted there
+    (``{"part": "chart", "name", "reason"}``) while the others are drawn; without, the error propagates."""
+    data = summary["data"]
+    prov, ds = pd.DataFrame(summary["by_provider"]), pd.DataFrame(summary["by_dataset"])
+    builders = {
+        "billing_delta": lambda path: chart_delta_histogram(records, path, data),
+        "billing_gap_by_provider": lambda path: chart_gap(prov, "provider", path, data),
+        "billing_gap_by_dataset": lambda path: chart_gap(ds, "dataset", path, data),
+        "billing_verdicts_by_provider": lambda path: chart_verdicts(prov, "provider", path, data),
+    }
+    charts: dict[str, Path] = {}
+    for name, build in builders.items():
+        try:
+            charts[name] = build(out / f"{name}.png")
+        except Exception as e:  # the failed chart's standalone Figure is simply dropped
+            if notes is None:
+                raise
+            notes.append(_note("chart", None, _reason(e), name=name))
+    return charts
+
+
+# --------------------------------------------------------------------------------------------
+# HTML
+
+
+def segments_table(tok: Tokenizer, row: dict[str, Any], preview: int = 60) -> pd.DataFrame:
+    """A reconstructed row's segments: kind, token span, token count and the start of its text."""
+    ids = list(row.get("completion_ids") if row.get("completion_ids") is not None else [])
+    out = []
+    for s in row.get("segments") if row.get("segments") is not None else []:
+        raw = b"".join(tok.token_bytes(int(i)) for i in ids[int(s["tok_start"]) : int(s["tok_end"])])
+        text = raw.decode("utf-8", errors="backslashreplace")
+        out.append({"kind": s["kind"], "tokens": int(s["tok_end"]) - int(s["tok_start"]),
+                    "tok_span": f"{int(s['tok_start'])}–{int(s['tok_end'])}",
+                    "text": text[:preview] + ("…" if len(text) > preview else "")})
+    return pd.DataFrame(out, columns=["kind", "tokens", "tok_span", "text"])
+
+
+def _table(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, border=0, classes="t", na_rep="–", float_format=lambda v: f"{v:.4g}", escape=True)
+
+
+def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame] | None = None,
+                notes: list[dict[str, Any]] | None = None) -> str:
+    """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
+    (and a ``section`` entry in ``notes``); every note is listed under “Left out of this report”."""
+    notes = notes if notes is not None else []
+    image = chart_embedder(charts, notes)
+    a, data = summary["all"], summary["data"]
+    pct = lambda v: "–" if v is None else f"{v:+.3f}%"  # noqa: E731
+
+    def headline() -> list[str]:
+        return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
+                + f". Gap: <b>{pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI {pct(a['gap_pct_lo'])} … "
+                f"{pct(a['gap_pct_hi'])}); unexplained by known conventions: <b>{pct(a['unexplained_gap_pct'])}</b>.</p>"]
+
+    def verdicts() -> list[str]:
+        return ["<h2>Verdicts</h2>", _table(pd.DataFrame([summary["verdict"]])),
+                _table(pd.DataFrame([summary["records_with_convention"] or {"(none)": 0}])),
+                image("billing_delta", "delta histogram")]
+
+    def providers() -> list[str]:
+        return ["<h2>Per provider: gap, unexplained records, conventions followed</h2>",
+                _table(pd.DataFrame(summary["by_provider"])), image("billing_gap_by_provider", "gap per provider"),
+                image("billing_verdicts_by_provider", "verdicts per provider")]
+
+    def datasets() -> list[str]:
+        return ["<h2>Per dataset</h2>", _table(pd.DataFrame(summary["by_dataset"])),
+                image("billing_gap_by_dataset", "gap per dataset")]
+
+    def worst() -> list[str]:
+        return ["<h2>Worst unexplained records</h2>",
+                _table(pd.DataFrame(summary["worst"])) if summary["worst"] else "<p>none</p>"]
+
+    def segment_tables() -> list[str]:
+        out = []
+        for rid, seg in (segments or {}).items():
+            out.append(f"<h3>Segments of {html.escape(rid)}</h3>")
+            out.append(_table(seg) if isinstance(seg, pd.DataFrame) else
+                       f"<p class='left-out'>⚠ segments of record {html.escape(rid)} left out: {html.escape(str(seg))}</p>")
+        return out
+
+    def reasons() -> list[str]:
+        if not summary["no_billing_reasons"]:
+            return []
+        return ["<h2>No billing (why)</h2>",
+                _table(pd.DataFrame([{"reason": k, "records": v} for k, v in summary["no_billing_reasons"].items()]))]
+
+    def errors() -> list[str]:
+        return ["<h2>Errors (first 20)</h2>", _table(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
+
+    body: list[str] = []
+    for name, build in (("headline", headline), ("verdicts", verdicts), ("per provider", providers),
+                        ("per dataset", datasets), ("worst records", worst), ("segments", segment_tables),
+                        ("no billing", reasons), ("errors", errors)):
+        try:
+            body += build()
+        except Exception as e:
+            note = _note("section", None, _reason(e), name=name)
+            notes.append(note)
+            body.append(f"<p class='left-out'>⚠ section “{html.escape(name)}” left out: {html.escape(note['reason'])}</p>")
+    left_out = []
+    if notes:
+        rows = pd.DataFrame([{"part": n["part"], "record": n["id"] if n["id"] is not None else "–",
+                              "where": n.get("name", ""), "reason": n["reason"]} for n in notes])
+        left_out = ["<h2>Left out of this report</h2>",
+                    f"<p class='left-out'>⚠ {len(notes):,} part(s) could not be drawn or rendered; the rest of the report "
+                    "stands without them (<code>summary.json[\"left_out\"]</code>).</p>", _table(rows)]
+    return "\n".join([
+        "<!doctype html><html><head><meta charset='utf-8'><title>kimi-eagle billing-only report</title><style>",
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table.t{border-collapse:collapse;font-size:13px}",
+        "table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}h2{margin-top:1.6em}",
+        ".banner{background:#fff3e0;border:1px solid #ff8f00;padding:.6em 1em}img{max-width:100%;border:1px solid #eee}",
+        ".left-out{background:#ffebee;border:2px solid #c62828;padding:6px 10px;border-radius:4px}",
+        "</style></head><body>",
+        f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
+        "<p class='banner'><b>Billing-only evidence.</b> No engine token IDs were compared: each record's "
+        "<code>usage.completion_tokens</code> (and reasoning tokens) is checked against the reconstruction. A matching "
+        "count does not prove the same IDs, and a named convention can hide a non-canonical split; only an engine diff "
+        f"(<code>kimi-eagle diff --engine</code>) sees IDs. Data: <b>{html.escape(data)}</b>.</p>",
+        *left_out, *body, "</body></html>",
+    ])
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str | Path, data: str = "real",
+                  meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Reconcile every row, write the records, summary, metrics, charts and report into ``out_dir``; return the summary."""
+    if data not in DATA_LABELS:
+        raise ValueError(f"data must be one of {DATA_LABELS}, not {data!r}")
+    out = Path(out_dir)
+    records = reconcile_rows(tok, recon_rows)
+    with atomic_path(out / "billing_records.parquet") as tmp:
+        pq.write_table(pa.Table.from_pandas(records, schema=BILLING_SCHEMA, preserve_index=False), tmp)
+    summary = summarize_billing(records, data)
+    notes: list[dict[str, Any]] = []
+    charts = make_charts(records, summary, out, notes)
+    by_id: dict[str, dict[str, Any]] = {}
+    for r in recon_rows:
+        by_id.setdefault(str(r.get("id")), r)
+    segments: dict[str, pd.DataFrame | str] = {}
+    for w in summary["worst"][:3]:
+        if w["id"] in by_id:
+            try:
+                segments[w["id"]] = segments_table(tok, by_id[w["id"]])
+            except Exception as e:  # one record's odd segments never take down the report
+                notes.append(_note("segments", w["id"], _reason(e)))
+                segments[w["id"]] = notes[-1]["reason"]
+    summary["charts"] = {k: p.name for k, p in charts.items()}
+    summary["meta"] = meta or {}
+    page = render_html(summary, charts, segments, notes)
+    summary["left_out"] = {**{k: sum(n["part"] == part for n in notes) for part, k in
+                              (("chart", "charts"), ("section", "sections"), ("segments", "segments"))},
+                           "notes": notes[:MAX_NOTES]}
+    write_json(out / "summary.json", json.loads(json.dumps(summary, default=str)))
+    write_json(out / "metrics.json", metrics(summary))
+    write_text(out / "report.html", page)
+    return summary
+
+
+def read_billing(out_dir: str | Path) -> pd.DataFrame:
+    """The ``billing_records.parquet`` of a billing directory."""
+    return pq.read_table(Path(out_dir) / "billing_records.parquet").to_pandas()
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
