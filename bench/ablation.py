@@ -16,19 +16,14 @@ from pathlib import Path
 
 import torch
 
+from kimi_eagle.apps.reports.training_charts import plot_arms, plot_dose_response
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3.ablation import (
-    AblationSettings,
-    first_significant_rate,
-    plot_arms,
-    plot_dose_response,
-    run_ablation,
-)
+from kimi_eagle.eagle3.ablation import AblationSettings, first_significant_rate, run_ablation
 from kimi_eagle.engine.local import Engine, SamplingParams
 from kimi_eagle.engine.pairs import generate_pairs
 from kimi_eagle.engine.prompts import story_prompts
 from kimi_eagle.io import write_jsonl
-from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 
 
 def main() -> None:
@@ -52,12 +47,12 @@ def main() -> None:
                                                  SamplingParams(1.0, 1.0, 0, args.max_tokens))
     write_jsonl(out / "engine.jsonl", engine_records[: args.samples])
     write_jsonl(out / "api.jsonl", api_records[: args.samples])
-    reconstruct_file(out / "api.jsonl", out / "recon.parquet", target_dir, "plain", progress=False)
+    reconstruct_file(out / "api.jsonl", out / "recon.parquet", target_dir, "plain", JobOptions(progress=False))
     held_out = [(e["id"], e["prompt_ids"] + e["output_ids"][:8]) for e in engine_records[args.samples:]]
     settings = AblationSettings(seeds=tuple(int(s) for s in args.seeds.split(",")), steps=args.steps, ttt_steps=args.ttt_steps,
-                                max_new_tokens=args.eval_max_new_tokens)
+                                max_new_tokens=args.eval_max_new_tokens, progress=True)
     result = run_ablation(target_dir, {"engine": out / "engine.jsonl", "recon": out / "recon.parquet"}, held_out, out,
-                          settings=settings, progress=True)
+                          settings=settings)
     plot_arms(result["table"], path=out / "tau_arms.png")
     plot_dose_response(result["table"], path=out / "tau_dose_response.png")
     print(json.dumps({"wall_s": round(time.perf_counter() - start, 1),

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kimi_eagle.apps.api.server import LocalServer, delivered_engine_records
+from kimi_eagle.apps.api.server import LocalServer
 from kimi_eagle.assets import stories_dir
+from kimi_eagle.diff.inputs import delivered_engine_records
 from kimi_eagle.engine.prompts import story_prompts
 from kimi_eagle.io import write_json, write_jsonl
 

@@ -25,7 +25,7 @@ import torch
 
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.eagle3 import draft_vocab
-from kimi_eagle.eagle3.evaluate import evaluate_drafter
+from kimi_eagle.eagle3.evaluate import EvaluateOptions, evaluate_drafter
 from kimi_eagle.eagle3.hidden import load_target
 from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.engine.prompts import STORY_OPENERS
@@ -54,8 +54,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, (cached, cached_drafter) in CONFIGS.items():
             t0 = time.perf_counter()
-            reports[name] = evaluate_drafter(target_dir, None, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
-                                             model=model, drafter=drafter, cached=cached, cached_drafter=cached_drafter)
+            options = EvaluateOptions(k=args.k, max_new_tokens=args.max_new_tokens, cached=cached, cached_drafter=cached_drafter)
+            reports[name] = evaluate_drafter(target_dir, None, prompts, options, model=model, drafter=drafter)
             best[name] = min(best[name], time.perf_counter() - t0)
             best_eagle[name] = min(best_eagle[name], sum(e["seconds"] for e in reports[name]["methods"]["eagle3"].values()))
     ref = reports["uncached"]["methods"]

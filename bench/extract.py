@@ -2,7 +2,7 @@
 
 Rows are real text (Alpaca outputs) tokenised with the target's tokenizer, cut to ``--max-len``
 tokens. The baseline runs the full causal LM (logits included) over the exact padded batches that
-``kimi_eagle.eagle3.hidden.extract`` forms; extraction is the whole ``extract`` call: hooks, bf16 casts,
+``kimi_eagle.eagle3.extract.extract`` forms; extraction is the whole ``extract`` call: hooks, bf16 casts,
 safetensors serialisation, sha256 and atomic writes. Repeats are interleaved and the best of each
 kept, to beat noise on a shared machine.
 
@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from kimi_eagle.assets import data_path, stories_dir
-from kimi_eagle.eagle3.hidden import Row, batches_by_length, extract, load_target, pad_batch
+from kimi_eagle.eagle3.extract import extract
+from kimi_eagle.eagle3.hidden import Row, batches_by_length, load_target, pad_batch
 from kimi_eagle.tokenize.tokenizer import HFTokenizer
 
 

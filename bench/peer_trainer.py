@@ -35,16 +35,18 @@ from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.apps.interop.peer import PeerConfig, train_peer
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.eagle3.ablation import bootstrap_tau
-from kimi_eagle.eagle3.evaluate import evaluate_drafter
-from kimi_eagle.eagle3.hidden import HiddenStates, extract, load_rows, load_target
-from kimi_eagle.eagle3.layouts import arrow_rows, extract_layout
+from kimi_eagle.eagle3.evaluate import EvaluateOptions, evaluate_drafter
+from kimi_eagle.eagle3.extract import extract
+from kimi_eagle.eagle3.hidden import load_rows, load_target
+from kimi_eagle.eagle3.layouts import arrow_rows
 from kimi_eagle.eagle3.model import load_drafter
+from kimi_eagle.eagle3.readers import HiddenStates
 from kimi_eagle.eagle3.train import TrainConfig, batch_indices, read_history, train_drafter
 from kimi_eagle.engine.local import Engine, SamplingParams
 from kimi_eagle.engine.pairs import generate_pairs
 from kimi_eagle.engine.prompts import story_prompts
 from kimi_eagle.io import write_json, write_jsonl
-from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 
 
 def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
@@ -56,7 +58,7 @@ def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
         engine_records, api_records = generate_pairs(engine, story_prompts(args.samples + args.eval_prompts, 0),
                                                      SamplingParams(1.0, 1.0, 0, args.max_tokens))
         write_jsonl(out / "api.jsonl", api_records[: args.samples])
-        reconstruct_file(out / "api.jsonl", recon, target_dir, "plain", progress=False)
+        reconstruct_file(out / "api.jsonl", recon, target_dir, "plain", JobOptions(progress=False))
         write_jsonl(held_path, [{"id": e["id"], "prompt_ids": e["prompt_ids"] + e["output_ids"][:8]}
                                 for e in engine_records[args.samples:]])
     held_out = [(obj["id"], obj["prompt_ids"]) for obj in map(json.loads, held_path.read_text().splitlines())]
@@ -68,8 +70,8 @@ def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
         cfg = model.config
         export_data(recon, "speculators", spec_dir, vocab_size=cfg.vocab_size, draft_vocab_size=args.draft_vocab_size,
                     target=target_dir, n_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size)
-        extract_layout(target_dir, arrow_rows(spec_dir), spec_dir / "hidden_states", "speculators", dtype="bf16",
-                       rows_source=spec_dir, model=model)
+        extract(target_dir, arrow_rows(spec_dir), spec_dir / "hidden_states", layout="speculators", dtype="bf16",
+                rows_source=spec_dir, model=model)
     return kit_dir, spec_dir, held_out
 
 
@@ -180,8 +182,9 @@ def main() -> None:
                  {"final_loss0": round(float(np.mean(peer["losses"][-max(1, args.steps // 10):])), 4),
                   "final_acc0": round(float(np.mean(peer["acc0"][-max(1, args.steps // 10):])), 4)})):
             t0 = time.perf_counter()
-            report = evaluate_drafter(target_dir, path, held_out, k=args.k, max_new_tokens=args.eval_max_new_tokens,
-                                      temperatures=(0.0, 1.0), seed=seed, ngram=False, model=model)
+            options = EvaluateOptions(k=args.k, max_new_tokens=args.eval_max_new_tokens, temperatures=(0.0, 1.0), seed=seed,
+                                      ngram=False)
+            report = evaluate_drafter(target_dir, path, held_out, options, model=model)
             eval_s = time.perf_counter() - t0
             write_json(out / "eval" / name / f"seed{seed}.json", report, indent=1)
             runs[name].append({"seed": seed, "loop_s": round(loop, 2), "wall_s": round(wall, 2), "tokens": real_tokens,

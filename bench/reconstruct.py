@@ -26,7 +26,7 @@ from kimi_eagle.chat.completion import SPAN_FIELDS
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.convert import convert_file
-from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 from kimi_eagle.reconstruct.record import ReconstructOptions, parse_turn, reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
@@ -75,8 +75,8 @@ def main() -> None:
 
     def batch(workers: int):
         def run() -> int:
-            counts = reconstruct_file(src, tmp / f"out{workers}.parquet", kimi_dir(), "kimi-k2.5", workers=workers,
-                                      progress=False, tokenizer=tok)
+            counts = reconstruct_file(src, tmp / f"out{workers}.parquet", kimi_dir(), "kimi-k2.5",
+                                      JobOptions(workers=workers, progress=False), tokenizer=tok)
             assert counts.get("ok", 0) == len(records), counts
             return n_tokens
         return run

@@ -27,8 +27,10 @@ from extract import real_rows  # noqa: E402
 
 from kimi_eagle.assets import stories_dir  # noqa: E402
 from kimi_eagle.eagle3 import draft_vocab  # noqa: E402
-from kimi_eagle.eagle3.hidden import HiddenStates, extract, load_target  # noqa: E402
+from kimi_eagle.eagle3.extract import extract  # noqa: E402
+from kimi_eagle.eagle3.hidden import load_target  # noqa: E402
 from kimi_eagle.eagle3.model import Eagle3Drafter, shift_left  # noqa: E402
+from kimi_eagle.eagle3.readers import HiddenStates  # noqa: E402
 from kimi_eagle.eagle3.train import TTTLoss, collate, soft_targets  # noqa: E402
 
 

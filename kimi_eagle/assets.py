@@ -48,6 +48,7 @@ def asset_path(relative: str, explicit: str | os.PathLike | None = None) -> Path
         path = root / relative
         if path.exists():
             return path
+    assets_root(explicit)  # no asset root at all: say so, and where to put one
     searched = "\n  ".join(str(r / relative) for r in roots)
     raise AssetError(f"asset {relative!r} not found. Searched:\n  {searched}\nSet ${ENV_VAR} to the assets directory.")
 
@@ -70,6 +71,14 @@ def kimi_dir(explicit: str | os.PathLike | None = None) -> Path:
 
 def stories_dir(explicit: str | os.PathLike | None = None) -> Path:
     return asset_path("models/stories260K/hf", explicit)
+
+
+def tokenizer_path(name: str | os.PathLike | None = None) -> Path:
+    """A tokenizer directory: the Kimi tokenizer for ``None``/empty, ``name`` itself if it is a folder, else
+    ``name`` as a path inside the assets (such as ``"models/stories260K/hf"``)."""
+    if not name:
+        return kimi_dir()
+    return Path(name) if Path(name).is_dir() else asset_path(str(name))
 
 
 def data_path(name: str, explicit: str | os.PathLike | None = None) -> Path:

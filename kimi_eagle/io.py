@@ -55,6 +55,18 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Pat
     return write_text(path, json.dumps(obj, indent=indent, default=str, ensure_ascii=False))
 
 
+def disjoint_union(*parts: dict[str, Any]) -> dict[str, Any]:
+    """The keys of every part, in order, in one dict; ValueError if a key is written twice (a metrics
+    builder must never let one measure overwrite another)."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        twice = sorted(set(out) & set(part))
+        if twice:
+            raise ValueError(f"key written twice: {', '.join(twice)}")
+        out.update(part)
+    return out
+
+
 def jsonl_line(obj: Any) -> str:
     """``obj`` as one JSONL line (UTF-8 kept as is, newline included)."""
     return json.dumps(obj, ensure_ascii=False) + "\n"

@@ -183,3 +183,48 @@ def exit_status(counts: dict[str, int], errors: list[str], ok: str = "ok") -> in
               file=sys.stderr)
         return EXIT_NOTHING_PROCESSED
     return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Collected API records (``responses.jsonl`` of ``kimi-eagle collect``)
+
+RESPONSE_COLUMNS = ("id", "status", "error", "http_status", "provider", "finish_reason", "completion_tokens", "attempts",
+                    "latency_s", "text", "error_message")
+
+
+def response_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One collected record as a table row (:data:`RESPONSE_COLUMNS`): status, finish reason, billed completion
+    tokens, attempts, latency of the final attempt, the first 80 characters of the text, the error's kind and
+    (already redacted by the collector) the first 120 characters of its message."""
+    resp = record.get("response") or {}
+    choice = (resp.get("choices") or [{}])[0]
+    error, timing = record.get("error") or {}, record.get("timing") or {}
+    return {
+        "id": record["id"], "status": record["status"], "error": error.get("kind"),
+        "http_status": record.get("http_status"), "provider": resp.get("provider"),
+        "finish_reason": choice.get("finish_reason"),
+        "completion_tokens": (resp.get("usage") or {}).get("completion_tokens"),
+        "attempts": timing.get("attempts"), "latency_s": timing.get("latency_s"),
+        "text": ((choice.get("message") or {}).get("content") or "")[:80],
+        "error_message": (error.get("message") or "")[:120],
+    }
+
+
+def response_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`response_row` of every record, sorted by id."""
+    return sorted((response_row(r) for r in records), key=lambda row: row["id"])
+
+
+def collect_metrics(summary: dict[str, Any], rows: list[dict[str, Any]], local_server: bool) -> dict[str, Any]:
+    """``metrics.json`` of a collection: prompts, ok/errors, retries, tokens, cost, wall time and requests
+    per second from the collector's ``summary``; finish reasons counted over ``rows`` (most frequent first)."""
+    totals, wall = summary["totals"], summary["seconds"]
+    finish = Counter(row["finish_reason"] for row in rows if row["finish_reason"] is not None)
+    return {
+        "prompts": summary["prompts"], "ok": totals["ok"], "errors": totals["errors"], "retries": summary["retries"],
+        "prompt_tokens": totals["prompt_tokens"], "completion_tokens": totals["completion_tokens"],
+        "reasoning_tokens": totals["reasoning_tokens"], "cost_usd": totals["cost"],
+        "seconds": wall, "requests_per_s": round(summary["requested"] / wall, 3) if wall else None,
+        "finish_reasons": {str(k): int(v) for k, v in finish.most_common()},
+        "local_server": local_server,
+    }

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from kimi_eagle.eagle3.ablation import bootstrap_tau, first_significant_rate, plot_arms, plot_dose_response
+from kimi_eagle.apps.reports.training_charts import plot_arms, plot_dose_response
+from kimi_eagle.eagle3.ablation import bootstrap_tau, first_significant_rate
 from kimi_eagle.eagle3.hidden import Row
 from kimi_eagle.eagle3.resegment import inject_rows, two_token_splits
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from helpers import split_token
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,18 +14,6 @@ from kimi_eagle.tokenize.tokenizer import DerivedTables, SpecialToken, ids_to_by
 
 TEXT = ("The quick brown fox jumps over the lazy dog. 世界你好！Ünïcödé — emoji 🦊 and tabs\tand\n\nnewlines; "
         'JSON {"city": "Paris", "unit": "celsius"} and code `for i in range(10): print(i)`.')
-
-
-def split_token(tok, ids, index):
-    """Replace ``ids[index]`` by two valid tokens spelling the same bytes (as sampling can produce)."""
-    raw = tok.token_bytes(ids[index])
-    for cut in range(1, len(raw)):
-        left, right = raw[:cut], raw[cut:]
-        try:
-            return ids[:index] + [tok.encoding.encode_single_token(left), tok.encoding.encode_single_token(right)] + ids[index + 1 :]
-        except KeyError:
-            continue
-    return None
 
 
 def check_invariants(tok, al):

@@ -1,6 +1,7 @@
 """``kimi-eagle audit``: one model served as several providers (precisions), greedy completions per provider and
 repeat, every request accounted for, and comparisons by bytes against each other and a reference engine."""
 import json
+import re
 
 import httpx
 import pandas as pd
@@ -10,6 +11,13 @@ import torch
 from kimi_eagle.apps import cli
 from kimi_eagle.apps.api.server import LocalServer, RequestError, route_provider
 from kimi_eagle.apps.audit.compare import REFERENCE, Completion, compare_all, summarize
+from kimi_eagle.apps.audit.report import (
+    AUDIT_CHARTS,
+    agreement_matrix_figure,
+    divergence_steps,
+    self_consistency_figure,
+    write_audit_report,
+)
 from kimi_eagle.apps.audit.run import audit_request, read_prompts
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.engine.local import Engine, SamplingParams
@@ -121,6 +129,70 @@ def test_comparisons_count_identical_prefix_and_divergent_completions(stories):
     assert any(h["a_bytes"] == b" r" and h["b_bytes"] == b" blu" for h in hunks)  # the minimal byte hunk of red/blue
 
 
+# ---- the audit's charts and page
+
+
+def small_audit(stories):
+    """Pairs and summary of two providers and a reference over three prompts, one of them with a failed request."""
+    a, b = stories.encode(" Lily saw a big red bird"), stories.encode(" Lily saw a big blue bird")
+    done = lambda pid, prov, rep, ids: Completion(pid, prov, rep, "ok", ids=ids)  # noqa: E731
+    completions = [done("p1", "x", 0, a), done("p1", "x", 1, a), done("p1", "y", 0, a), done("p1", "y", 1, b),
+                   done("p2", "x", 0, a), done("p2", "x", 1, a), done("p2", "y", 0, b), done("p2", "y", 1, b),
+                   Completion("p3", "x", 0, "error", "collect", "exhausted: 503"), done("p3", "x", 1, a),
+                   done("p3", "y", 0, a[:3]), done("p3", "y", 1, a[:3])]
+    reference = {pid: Completion(pid, REFERENCE, 0, "ok", ids=a) for pid in ("p1", "p2", "p3")}
+    pairs, _ = compare_all(stories, completions, ["x", "y"], reference)
+    summary = summarize(pairs, ["x", "y"], has_reference=True)
+    summary.update(prompts=3, bad_prompts=0, repeats=2, requests=12, completions={"ok": 11, "error:collect": 1},
+                   aborted=None, settings={"model": "stories260K", "max_tokens": 12})
+    return pairs, summary
+
+
+def test_the_agreement_heatmap_shows_the_identical_share_recounted_from_the_pairs(stories):
+    pairs, summary = small_audit(stories)
+    ax = agreement_matrix_figure(summary).axes[0]
+    shown = ax.images[0].get_array()
+    names = [t.get_text() for t in ax.get_xticklabels()]
+    assert names == [REFERENCE, "x", "y"] and "[REAL data]" in ax.get_title()
+    ok = [p for p in pairs if p["status"] == "ok"]
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            if a == b and a != REFERENCE:  # self-consistency: every repeat of a prompt identical to repeat 0
+                rows = [p for p in ok if p["kind"] == "repeat" and p["a"] == a]
+                prompts = {p["prompt_id"] for p in rows}
+                k = sum(all(p["identical"] for p in rows if p["prompt_id"] == pid) for pid in prompts)
+                n = len(prompts)
+            else:
+                rows = [p for p in ok if p["kind"] != "repeat" and {p["a"], p["b"]} == {a, b} and a != b]
+                k, n = sum(p["identical"] for p in rows), len(rows)
+            if n == 0:
+                assert shown.mask[i, j]
+            else:
+                assert shown[i, j] == pytest.approx(k / n)
+                assert f"{k}/{n}" in [t.get_text().split("\n")[1] for t in ax.texts if t.get_position() == (j, i)]
+    bars = self_consistency_figure(summary).axes[0].patches
+    assert [round(bar.get_height(), 6) for bar in bars] == [1.0, round(2 / 3, 6)]  # x: 2/2, y: p1's repeats differ
+
+
+def test_the_divergence_curve_rises_by_one_prompt_at_each_first_difference():
+    xs, ys = divergence_steps({"first_divergence": [4, 9], "n": 4}, 12)
+    assert xs == [0, 4, 4, 9, 9, 12] and ys == [0, 0, 0.25, 0.25, 0.5, 0.5]
+
+
+def test_the_audit_page_embeds_its_three_charts_with_the_shared_stylesheet(stories, tmp_path):
+    from kimi_eagle.apps.reports.toolkit import STYLESHEET
+
+    _, summary = small_audit(stories)
+    written = write_audit_report(summary, tmp_path)
+    assert set(written) == {*AUDIT_CHARTS, "report"}
+    for name in AUDIT_CHARTS:
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(AUDIT_CHARTS)
+    assert re.findall(r"<style>(.*?)</style>", page, re.S) == ["\n" + STYLESHEET]
+    assert "REAL data" in page and "left out" not in page and "<td>2/3</td>" in page
+
+
 # ---- end to end: one server, a provider table, a reference engine
 
 
@@ -149,4 +221,6 @@ def test_audit_accounts_for_every_request_and_fp32_agrees_with_its_own_engine(tm
     assert summary["matrix"][REFERENCE]["fp32"]["k"] == summary["matrix"][REFERENCE]["fp32"]["n"] == 3
     assert summary["matrix"]["fp32"]["fp32"]["rate"] == summary["matrix"]["int8"]["int8"]["rate"] == 1.0
     assert summary["completions"] == {"ok": 12, "error:input": 4}
+    for name in (*AUDIT_CHARTS, "report"):  # the charts and the page beside summary.json
+        assert (tmp_path / "audit" / (f"{name}.png" if name != "report" else "report.html")).is_file()
     assert "reference" in capsys.readouterr().out

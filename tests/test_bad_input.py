@@ -18,7 +18,7 @@ import pytest
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.io import EncodingRefused, read_jsonl
 from kimi_eagle.reconstruct.convert import convert, convert_file
-from kimi_eagle.reconstruct.job import read_rows, reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, read_rows, reconstruct_file
 
 DEEP = "[" * 1000 + "]" * 1000
 DEEPISH = "[" * 150 + "]" * 150
@@ -147,7 +147,7 @@ def reconstructed(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     src = d / "api.jsonl"
     src.write_bytes(b"\n".join(line for _, line, _ in RECONSTRUCT) + b"\n")
-    counts = reconstruct_file(src, d / "out.parquet", kimi_dir(), "kimi-k2.5", progress=False)
+    counts = reconstruct_file(src, d / "out.parquet", kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     return counts, read_rows(d / "out.parquet")
 
 
@@ -187,7 +187,7 @@ def cli(*args, **kw):
 def test_every_line_ending_gives_a_row_per_record(tmp_path, newline):
     src = tmp_path / "in.jsonl"
     src.write_bytes(newline.join(js(api(f"r{k}")) for k in range(3)) + newline)
-    reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False, shard_size=2)
+    reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", JobOptions(progress=False, shard_size=2))
     df = read_rows(tmp_path / "o.parquet")
     assert df.id.tolist() == ["r0", "r1", "r2"] and df.line.tolist() == [1, 2, 3] and (df.status == "ok").all()
 
@@ -195,7 +195,7 @@ def test_every_line_ending_gives_a_row_per_record(tmp_path, newline):
 def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"\xef\xbb\xbf" + js(api("bom")) + b"\n")
-    assert reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False) == {"ok": 1}
+    assert reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", JobOptions(progress=False)) == {"ok": 1}
 
 
 @pytest.mark.parametrize("encoding, named", [("utf-16", "UTF-16-LE (byte-order mark ff fe)"), ("utf-16-be", "UTF-16/UTF-32 without"),
@@ -260,9 +260,9 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path):
     with open(tmp_path / ".o.parquet.lock", "a+") as held:  # what a running reconstruct holds
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(ValueError, match="being written by another run"):
-            reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", progress=False)
+            reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     assert not out.exists()
-    assert reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", progress=False) == {"ok": 1}
+    assert reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", JobOptions(progress=False)) == {"ok": 1}
 
 
 def test_resume_sees_an_edit_past_the_first_mib_at_equal_size(tmp_path):
@@ -277,13 +277,13 @@ def test_resume_sees_an_edit_past_the_first_mib_at_equal_size(tmp_path):
     tok = job.load_tokenizer(kimi_dir())
     n, starts, sha = job._shard_starts(src, 100)
     parts.mkdir()
-    (parts / "manifest.json").write_text(json.dumps(job._manifest(src, sha, str(kimi_dir()), "kimi-k2.5", "json",
-                                                                  job.ReconstructOptions(), 100), indent=1))
+    (parts / "manifest.json").write_text(json.dumps(job._manifest(src, sha, str(kimi_dir()), "kimi-k2.5",
+                                                                  JobOptions(shard_size=100)), indent=1))
     data = bytearray(src.read_bytes())
     data[-20] = ord("y") if data[-20] != ord("y") else ord("z")  # same size, last record changed
     src.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="cannot resume"):
-        reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", resume=True, shard_size=100, progress=False, tokenizer=tok)
+        reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", JobOptions(resume=True, shard_size=100, progress=False), tokenizer=tok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ def test_converted_errors_reconstruct_to_error_rows(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes(js(CONVERSATION) + b"\n{oops\n")
     convert_file("sharegpt", src, tmp_path / "api.jsonl")
-    reconstruct_file(tmp_path / "api.jsonl", tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False)
+    reconstruct_file(tmp_path / "api.jsonl", tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     df = read_rows(tmp_path / "o.parquet")
     assert df.status.tolist() == ["ok", "error"] and "converter: line 2: not JSON" in df.error[1]
 
@@ -606,8 +606,8 @@ def test_report_of_an_empty_diff_renders_with_nothing_left_out(tmp_path):
 
 
 def test_billing_report_draws_provider_names_with_markup_as_text(tmp_path, kimi):
-    from test_billing import api as billed_api
-    from test_billing import row
+    from helpers import api as billed_api
+    from helpers import row
 
     from kimi_eagle.apps.reports.billing_report import write_billing
 

@@ -6,6 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import api, row
 
 from kimi_eagle.apps.cli import main
 from kimi_eagle.apps.reports.billing_report import group_table, summarize_billing
@@ -13,38 +14,11 @@ from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.diff.billing import reconcile_rows
 from kimi_eagle.diff.simulate import load_source_records, simulate_samples, write_samples
-from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 from kimi_eagle.reconstruct.record import reconstruct_record
 
 TOOL = {"id": "functions.get_weather:0", "type": "function",
         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
-
-
-def api(rid, provider="P", reasoning=None, content="Paris is sunny today.", tool_calls=None, finish="stop",
-        usage=None):
-    message = {"role": "assistant", "content": content}
-    if reasoning is not None:
-        message["reasoning"] = reasoning
-    if tool_calls is not None:
-        message["tool_calls"] = tool_calls
-    response = {"provider": provider, "choices": [{"message": message, "finish_reason": finish}]}
-    if usage is not ...:
-        response["usage"] = usage
-    return {"id": rid, "dataset": "unit", "request": {"model": "m", "messages": [{"role": "user", "content": "Weather?"}]},
-            "response": response}
-
-
-def row(kimi, record, billed=0, billed_reasoning=0, options=CompletionOptions(), usage=None):
-    """The reconstructed row of ``record``, billed ``recon + billed`` tokens (reasoning: ``recon + billed_reasoning``)."""
-    fmt = get_format("kimi-k2.5", kimi)
-    r = reconstruct_record(record, kimi, fmt, options).to_dict()
-    if usage is None:
-        n_reasoning = sum(s["tok_end"] - s["tok_start"] for s in r["segments"] if s["kind"] == "reasoning")
-        record["response"]["usage"] = {"completion_tokens": r["n_completion_tokens"] + billed,
-                                       "completion_tokens_details": {"reasoning_tokens": n_reasoning + billed_reasoning}}
-    else:
-        record["response"]["usage"] = usage
-    return reconstruct_record(record, kimi, fmt, options).to_dict()
 
 
 def verdicts(kimi, rows):
@@ -141,10 +115,10 @@ def test_simulated_responses_end_to_end_every_record_has_a_verdict(kimi, tmp_pat
     samples = simulate_samples(load_source_records(["glaive", "reason-tool-use"]), kimi, per_effect=2, seed=3)
     paths = write_samples(samples, tmp_path / "sim")
     recon = tmp_path / "recon.parquet"
-    reconstruct_file(paths["api"], recon, None, "kimi-k2.5", progress=False, tokenizer=kimi)
+    reconstruct_file(paths["api"], recon, None, "kimi-k2.5", JobOptions(progress=False), tokenizer=kimi)
     with open(paths["api"], "a") as f:  # plus a response without usage
         f.write(json.dumps(api("no-usage", usage=...)) + "\n")
-    reconstruct_file(paths["api"], recon, None, "kimi-k2.5", progress=False, tokenizer=kimi)
+    reconstruct_file(paths["api"], recon, None, "kimi-k2.5", JobOptions(progress=False), tokenizer=kimi)
     assert main(["billing", "--reconstructed", str(recon), "-o", str(tmp_path / "b"), "--data", "simulated"]) == 0
     got = pq.read_table(tmp_path / "b" / "billing_records.parquet").to_pandas()
     assert list(got["id"]) == [s.id for s in samples] + ["no-usage"]

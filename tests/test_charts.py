@@ -240,7 +240,8 @@ def test_tokenizer_charts_name_the_tokenizer_once(kimi, tmp_path):
 
 
 def test_tau_chart_has_intervals_and_names_the_model(tmp_path):
-    from kimi_eagle.eagle3.evaluate import plot_tau, tau_intervals, tau_table
+    from kimi_eagle.apps.reports.training_charts import plot_tau
+    from kimi_eagle.eagle3.evaluate import tau_intervals, tau_table
 
     def report(greedy, per_prompt):
         return {"methods": {"eagle3": {"greedy": {"tau": greedy, "identical_to_target_greedy": "3/3",
@@ -260,7 +261,7 @@ def test_tau_chart_has_intervals_and_names_the_model(tmp_path):
 
 
 def test_training_curves_keep_the_dashed_run_visible_on_top(tmp_path):
-    from kimi_eagle.eagle3.train import plot_histories
+    from kimi_eagle.apps.reports.training_charts import plot_histories
 
     entry = lambda s: {"step": s, "loss": 2.0 / s, "acc": [0.5, 0.25]}  # noqa: E731
     same = [entry(1), entry(2)]

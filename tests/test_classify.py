@@ -4,41 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_align import split_token
+from helpers import ARGS, build, split_token, turn
 
 from kimi_eagle.diff.classify import classify
-
-ARGS = '{"city": "Paris", "unit": "celsius"}'
-
-
-def build(tok, pieces):
-    """IDs and segments for ``[(kind, text, is_special)]``: each piece encoded on its own."""
-    ids, segments, nbytes = [], [], 0
-    for kind, text, special in pieces:
-        piece_ids = tok.encode(text, allow_special={text}) if special else tok.encode(text)
-        n = len(text.encode())
-        segments.append({"kind": kind, "byte_start": nbytes, "byte_end": nbytes + n,
-                         "tok_start": len(ids), "tok_end": len(ids) + len(piece_ids)})
-        ids += piece_ids
-        nbytes += n
-    return ids, segments
-
-
-def turn(reasoning="Let me check the weather in Paris first.", think_end=True, content="",
-         tool_id="functions.get_weather:0", args=ARGS, im_end=True):
-    pieces = [("reasoning", reasoning, False)]
-    if think_end:
-        pieces.append(("think_end", "</think>", True))
-    if content:
-        pieces.append(("content", content, False))
-    if tool_id is not None:
-        pieces += [("tool_section_begin", "<|tool_calls_section_begin|>", True),
-                   ("tool_call_begin", "<|tool_call_begin|>", True), ("tool_id", tool_id, False),
-                   ("tool_arg_begin", "<|tool_call_argument_begin|>", True), ("tool_args", args, False),
-                   ("tool_call_end", "<|tool_call_end|>", True), ("tool_section_end", "<|tool_calls_section_end|>", True)]
-    if im_end:
-        pieces.append(("im_end", "<|im_end|>", True))
-    return pieces
 
 
 @pytest.fixture

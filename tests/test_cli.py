@@ -1,14 +1,20 @@
 """The command line a newcomer meets: `--version`, and for every command a description, its defaults and one
-example that the command's own parser accepts; tokenizer options default to the bundled Kimi tokenizer."""
+example that the command's own parser accepts; tokenizer options default to the bundled Kimi tokenizer; one
+vocabulary (`-o/--output`, `--format`, `--model-dir` vs `--model`, the main input positional) in which every old
+spelling still parses, as a deprecated alias, to the same arguments."""
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from kimi_eagle.apps.cli import COMMANDS, EXAMPLES, build_parser, main, version
+from kimi_eagle.apps.cli import COMMANDS, EXAMPLES, build_parser, deprecated_aliases, main, version
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
@@ -63,3 +69,154 @@ def test_probe_runs_without_a_tokenizer_argument(capsys):
     assert main(["probe", "--check-ids", "163533,163586"]) == 0
     out = capsys.readouterr().out
     assert "n_vocab 163,840" in out
+
+
+# ---- one vocabulary -------------------------------------------------------------------------------------------
+
+WITHOUT_OUTPUT = {"probe", "parse-completion", "serve"}  # print to stdout, or (serve) append to --records
+WITH_CHAT_FORMAT = {"reconstruct", "parse-completion", "simulate", "generate", "serve", "audit"}
+MAIN_INPUT_ALIASES = {"billing": "--reconstructed", "evaluate": "--prompts", "extract": "--data", "train": "--data"}
+# every old spelling that still parses, by command
+OLD_SPELLINGS = {
+    **{name: {"--out"} for name in ("audit", "batch", "diff", "export", "export-data", "report", "simulate", "demo")},
+    **{name: {"--out", alias} for name, alias in MAIN_INPUT_ALIASES.items()},
+    "generate": {"--model", "--chat-format"}, "serve": {"--model", "--chat-format"},
+}
+
+
+def option(parser: argparse.ArgumentParser, spelling: str) -> argparse.Action | None:
+    return next((a for a in parser._actions if spelling in a.option_strings), None)
+
+
+def aliased_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if deprecated_aliases(a)]
+
+
+def help_page(parser: argparse.ArgumentParser) -> str:
+    return " ".join(parser.format_help().split())
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_a_command_that_writes_files_takes_dash_o_or_dash_dash_output(name):
+    parser = command_parser(name)
+    short, long = option(parser, "-o"), option(parser, "--output")
+    if name in WITHOUT_OUTPUT:
+        assert short is None and long is None
+    else:
+        assert short is not None and short is long, f"`{name}`: -o and --output must be one option"
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_the_chat_format_is_spelled_format(name):
+    parser = command_parser(name)
+    formats = [a for a in parser._actions if a.dest in ("format", "chat_format")]
+    assert [a.option_strings[0] for a in formats] == (["--format"] if name in WITH_CHAT_FORMAT else [])
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_old_spellings_are_only_deprecated_aliases(name):
+    parser = command_parser(name)
+    old = {alias for action in aliased_actions(parser) for alias in deprecated_aliases(action)}
+    assert old == OLD_SPELLINGS.get(name, set())
+    for action in parser._actions:
+        for spelling in ("--out", "--chat-format"):
+            assert spelling not in action.option_strings or spelling in deprecated_aliases(action)
+
+
+def test_model_dir_is_a_local_directory_and_model_an_api_name():
+    for name in ("generate", "serve"):
+        model_dir = option(command_parser(name), "--model-dir")
+        assert model_dir is not None and model_dir.required and "directory" in model_dir.help
+    for name in ("collect", "audit"):
+        parser = command_parser(name)
+        model = option(parser, "--model")
+        assert option(parser, "--model-dir") is None and not deprecated_aliases(model)
+        assert "API model name" in model.help
+
+
+def alias_cases() -> list[tuple[str, str]]:
+    return [(name, alias) for name in COMMANDS for action in aliased_actions(command_parser(name))
+            for alias in deprecated_aliases(action)]
+
+
+def spelled_both_ways(name: str, alias: str) -> tuple[list[str], list[str]]:
+    """The command's example, and the same command line with ``alias`` spelling what the example spells anew
+    (an option the example lacks is added, with a value its parser accepts)."""
+    parser = command_parser(name)
+    words = shlex.split(EXAMPLES[name])[2:]
+    action = next(a for a in aliased_actions(parser) if alias in deprecated_aliases(a))
+    if not action.option_strings:  # a positional main input, given with its old option instead
+        value = getattr(parser.parse_args(words), action.dest)
+        return words, [w for w in words if w != value] + [alias, value]
+    current = [s for s in action.option_strings if s not in deprecated_aliases(action)]
+    given = next((w for w in words if w in current), None)
+    if given is not None:
+        return words, [alias if w == given else w for w in words]
+    value = [] if action.nargs == 0 else [str((action.choices or ["x"])[0])]
+    return words + [current[-1], *value], words + [alias, *value]
+
+
+@pytest.mark.parametrize("name, alias", alias_cases())
+def test_an_old_spelling_parses_to_the_same_arguments_as_the_new_one(name, alias):
+    new, old = spelled_both_ways(name, alias)
+    assert new != old
+    parser = command_parser(name)
+    assert parser.parse_args(old) == parser.parse_args(new)
+
+
+@pytest.mark.parametrize("name, alias", alias_cases())
+def test_help_names_each_old_spelling_as_a_deprecated_alias(name, alias):
+    parser = command_parser(name)
+    page = help_page(parser)
+    assert f"({alias}: deprecated alias)" in page
+    spelled = option(parser, alias)
+    value = spelled.metavar or ("{" + ",".join(spelled.choices) + "}" if spelled.choices else spelled.dest.upper())
+    assert f"{alias} {value}" not in page, "an alias is not listed as a spelling of its own"
+
+
+@pytest.mark.parametrize("name, alias", MAIN_INPUT_ALIASES.items())
+def test_a_main_input_is_positional_and_required_once(name, alias):
+    parser = command_parser(name)
+    words = shlex.split(EXAMPLES[name])[2:]
+    assert alias not in words
+    main_input = next(a for a in aliased_actions(parser) if not a.option_strings)
+    usage = " ".join(parser.format_usage().split())
+    assert f" {main_input.metavar}" in usage and f"[{main_input.metavar}]" not in usage  # shown as required
+    value = getattr(parser.parse_args(words), main_input.dest)
+    without = [w for w in words if w != value]
+    for wrong in (without, words + [alias, value]):  # missing, or given twice
+        with pytest.raises(SystemExit):
+            parser.parse_args(wrong)
+
+
+def test_old_spellings_still_run_a_command(tmp_path, capsys):
+    """``convert --out`` (an abbreviation argparse always allowed) and ``billing --reconstructed`` keep working."""
+    api = tmp_path / "api.jsonl"
+    assert main(["convert", "--from", "glaive", "--limit", "2", "--out", str(api)]) == 0
+    recon = tmp_path / "recon.parquet"
+    assert main(["reconstruct", str(api), "--output", str(recon), "--no-progress"]) == 0
+    assert main(["billing", "--reconstructed", str(recon), "--out", str(tmp_path / "old")]) == 0
+    assert main(["billing", str(recon), "-o", str(tmp_path / "new")]) == 0
+    assert (tmp_path / "old" / "summary.json").read_text() == (tmp_path / "new" / "summary.json").read_text()
+
+
+def test_the_top_level_help_states_the_vocabulary(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    page = " ".join(capsys.readouterr().out.split())
+    for rule in ("main input", "is positional", "-o/--output", "chat format: --format", "--model-dir is a local model "
+                 "directory", "--model is a model name sent to an API", "deprecated alias"):
+        assert rule in page
+
+
+def test_only_the_cli_defines_main():
+    package = Path(__file__).resolve().parents[1] / "kimi_eagle"
+    defining = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                      if re.search(r"^def main\(", p.read_text(), re.M))
+    assert defining == ["apps/cli.py"]
+
+
+def test_python_dash_m_kimi_eagle_is_the_cli():
+    done = subprocess.run([sys.executable, "-m", "kimi_eagle", "--version"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"kimi-eagle {version()}"

@@ -22,8 +22,9 @@ from kimi_eagle.apps.api.collect import (
     scan_output,
 )
 from kimi_eagle.apps.api.faults import FaultConfig
-from kimi_eagle.apps.api.server import LocalServer, delivered_engine_records
+from kimi_eagle.apps.api.server import LocalServer
 from kimi_eagle.assets import stories_dir
+from kimi_eagle.diff.inputs import delivered_engine_records
 from kimi_eagle.engine.local import completion_text
 from kimi_eagle.io import read_jsonl
 

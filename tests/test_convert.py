@@ -7,7 +7,7 @@ import pytest
 
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.reconstruct.convert import convert, convert_file
-from kimi_eagle.reconstruct.job import read_rows, reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, read_rows, reconstruct_file
 
 
 def by_id(records):
@@ -71,7 +71,7 @@ def test_openai_source_and_bad_conversations(tmp_path):
     out = tmp_path / "out.jsonl"
     assert convert_file("openai", src, out) == 4
     parquet = tmp_path / "o.parquet"
-    reconstruct_file(out, parquet, kimi_dir(), "kimi-k2.5", progress=False)
+    reconstruct_file(out, parquet, kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     df = read_rows(parquet)
     assert df.status.tolist() == ["ok", "ok", "error", "error"]
     assert df.error[2].startswith("converter: line 2: not JSON")

@@ -6,26 +6,14 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_align import split_token
-from test_classify import build, turn
+from helpers import build, recon_row, split_token, turn, write_engine
 
 from kimi_eagle.apps.cli import main
 from kimi_eagle.diff.run import read_diff
 
 
-def recon_row(rid, ids, segs, status="ok", error=None, billed=None, billed_reasoning=None, dataset="demo"):
-    return {"id": rid, "dataset": dataset, "status": status, "error": error, "format": "kimi-k2.5",
-            "prompt_ids": [1, 2, 3], "completion_ids": ids, "n_prompt_tokens": 3, "n_completion_tokens": len(ids),
-            "segments": segs, "flags": [], "finish_reason": "tool_calls", "billed_completion_tokens": billed,
-            "billed_reasoning_tokens": billed_reasoning, "provider": "test"}
-
-
 def write_recon(path, rows):
     pq.write_table(pa.Table.from_pylist(rows), path)
-
-
-def write_engine(path, lines):
-    path.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +146,43 @@ def test_sampling_keeps_the_first_api_records_and_every_engine_line_they_may_nee
     everything, _ = sample_pair(api, engine, None, tmp_path / "all")
     assert everything.read_bytes() == api.read_bytes().replace(b"\n\n", b"\n") + b"\n"  # blank dropped, last line ended
     assert sorted(p.name for p in (tmp_path / "sample").iterdir()) == ["api.jsonl", "engine.jsonl"]  # no temp left
+
+
+def test_diff_inputs_of_api_records_alone_are_the_first_records_byte_for_byte(tmp_path, kimi):
+    from kimi_eagle.diff.inputs import DiffInputOptions, resolve_diff_inputs
+
+    api = tmp_path / "api.jsonl"
+    api.write_bytes(b'{"id": "a"}\n\n{"id": "b"}\r\n{"id": "c"}\n')
+    inputs = resolve_diff_inputs(DiffInputOptions(simulate=False, api_path=api, sample_size=2), kimi, tmp_path / "in")
+    assert (inputs.engine, inputs.labels, inputs.data, inputs.samples) == (None, None, "real", [])
+    assert inputs.api.read_bytes() == b'{"id": "a"}\n{"id": "b"}\r\n'
+    everything = resolve_diff_inputs(DiffInputOptions(simulate=False, api_path=api, sample_size=None), kimi, tmp_path / "all")
+    assert everything.api.read_bytes().count(b"\n") == 3
+
+
+def test_diff_inputs_keep_the_engine_record_of_each_stored_response_of_a_serve_log(tmp_path, kimi):
+    from kimi_eagle.diff.inputs import DiffInputOptions, resolve_diff_inputs
+
+    api, log = tmp_path / "responses.jsonl", tmp_path / "engine.jsonl"
+    write_engine(api, [{"id": "a", "status": "ok", "response": {"id": "r2"}}])
+    write_engine(log, [{"id": "a", "response_id": "r1", "output_ids": [1]}, {"id": "a", "response_id": "r2", "output_ids": [2]}])
+    inputs = resolve_diff_inputs(DiffInputOptions(simulate=False, api_path=api, engine_path=log, sample_size=None), kimi,
+                                 tmp_path / "in")
+    assert [json.loads(ln)["output_ids"] for ln in inputs.engine.read_text().splitlines()] == [[2]]
+    assert (tmp_path / "in" / "engine_delivered.jsonl").is_file() and inputs.data == "real" and inputs.labels is None
+
+
+def test_diff_inputs_need_api_records_unless_simulated(tmp_path, kimi):
+    from kimi_eagle.diff.inputs import DiffInputOptions, resolve_diff_inputs
+
+    with pytest.raises(ValueError, match="simulate=True"):
+        resolve_diff_inputs(DiffInputOptions(simulate=False), kimi, tmp_path)
+    with pytest.raises(ValueError, match="the API records the engine records belong to"):
+        resolve_diff_inputs(DiffInputOptions(simulate=False, engine_path=tmp_path / "e.jsonl"), kimi, tmp_path)
+
+
+def test_simulated_diff_inputs_are_labelled(tmp_path, kimi):
+    from kimi_eagle.diff.inputs import DiffInputOptions, resolve_diff_inputs
+
+    inputs = resolve_diff_inputs(DiffInputOptions(sources=["glaive"], sample_size=1), kimi, tmp_path)
+    assert inputs.data == "simulated" and inputs.samples and inputs.labels.is_file() and inputs.engine.is_file()

@@ -11,6 +11,7 @@ from kimi_eagle.eagle3.hidden import load_target
 from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.speculative import (
     CachedTarget,
+    DecodeOptions,
     EagleProposer,
     NgramProposer,
     Target,
@@ -21,6 +22,7 @@ from kimi_eagle.eagle3.speculative import (
 
 torch.set_num_threads(1)
 EOS = 2
+GREEDY_40 = DecodeOptions(max_new_tokens=40, k=4, temperature=0.0, eos_id=EOS)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,8 @@ class Oracle:
 def test_greedy_speculative_output_equals_target_only_greedy(target, drafter, prompts):
     for ids in prompts:
         want = generate_target_only(target, ids, 40, 0.0, EOS)
-        eagle = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), ids, 40, 4, 0.0, EOS)
-        ngram = speculative_generate(Target(target), NgramProposer(512), ids, 40, 4, 0.0, EOS)
+        eagle = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), ids, GREEDY_40)
+        ngram = speculative_generate(Target(target), NgramProposer(512), ids, GREEDY_40)
         assert eagle.tokens == want and ngram.tokens == want
         assert eagle.rounds > 0 and all(0 <= a <= 4 for a in eagle.accepted)
 
@@ -73,7 +75,7 @@ def test_kv_cached_verification_gives_target_only_greedy_output(target, drafter,
         want = generate_target_only(target, ids, 40, 0.0, EOS)
         for proposer, verifier in ((EagleProposer(drafter), CachedTarget(target, [1, 2, 3])), (Oracle(target), CachedTarget(target)),
                                    (NgramProposer(512), CachedTarget(target))):
-            got = speculative_generate(verifier, proposer, ids, 40, 4, 0.0, EOS)
+            got = speculative_generate(verifier, proposer, ids, GREEDY_40)
             assert got.tokens == want, proposer.name
             committed = ids + got.tokens
             if got.tokens[-1] != EOS:  # the loop ended on the budget: the invariant holds
@@ -92,7 +94,7 @@ def test_kv_cached_and_uncached_verification_agree_when_sampling(target, drafter
         for verifier, cached_drafter in ((Target(target, [1, 2, 3]), False), (CachedTarget(target, [1, 2, 3]), False),
                                          (CachedTarget(target, [1, 2, 3]), True)):
             g = torch.Generator().manual_seed(5)
-            results.append(speculative_generate(verifier, EagleProposer(drafter, cached=cached_drafter), ids, 30, 3, 1.0, EOS, g))
+            results.append(speculative_generate(verifier, EagleProposer(drafter, cached=cached_drafter), ids, DecodeOptions(30, 3, 1.0, EOS), g))
         assert all(r.tokens == results[0].tokens and r.accepted == results[0].accepted for r in results[1:])
 
 
@@ -125,7 +127,7 @@ def test_cached_drafter_proposes_as_the_uncached_one_and_recomputes_only_new_pos
         want = generate_target_only(target, ids, 40, 0.0, EOS)
         for steer in (None, Oracle(target), NgramProposer(512)):
             proposer = CheckedEagle(drafter, steer)
-            got = speculative_generate(CachedTarget(target, [1, 2, 3]), proposer, ids, 40, 4, 0.0, EOS)
+            got = speculative_generate(CachedTarget(target, [1, 2, 3]), proposer, ids, GREEDY_40)
             assert got.tokens == want, steer
             assert proposer.recomputed[0] == len(ids)  # the prompt plus the target's first token
             assert proposer.recomputed[1:] == [a + 1 for a in got.accepted[:len(proposer.recomputed) - 1]]
@@ -136,14 +138,14 @@ def test_cached_drafter_proposes_as_the_uncached_one_and_recomputes_only_new_pos
 def test_tau_counts_accepted_drafts_plus_the_target_token(target, prompts):
     for temperature in (0.0, 1.0):
         g = torch.Generator().manual_seed(3)
-        r = speculative_generate(Target(target), Oracle(target), prompts[0], 21, 4, temperature, None, g)
+        r = speculative_generate(Target(target), Oracle(target), prompts[0], DecodeOptions(21, 4, temperature), g)
         # 1 prefill token + 4 rounds of (4 accepted + 1 bonus) = 21 tokens
         assert len(r.tokens) == 21 and r.accepted == [4, 4, 4, 4] and r.tau == 5.0
 
 
 def test_sampled_decoding_stays_in_vocab_and_stops_at_eos(target, drafter, prompts):
     g = torch.Generator().manual_seed(0)
-    r = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), prompts[1], 60, 4, 1.0, EOS, g)
+    r = speculative_generate(Target(target, [1, 2, 3]), EagleProposer(drafter), prompts[1], DecodeOptions(60, 4, 1.0, EOS), g)
     assert 0 < len(r.tokens) <= 60 and all(0 <= t < 512 for t in r.tokens)
     assert EOS not in r.tokens[:-1]
     assert r.tau == pytest.approx((sum(r.accepted) + r.rounds) / r.rounds)
@@ -203,7 +205,8 @@ def _report(eagle: tuple[float, float], ngram: tuple[float, float] | None) -> di
 
 
 def test_tau_table_has_a_row_per_drafter_and_one_for_the_ngram_baseline(tmp_path):
-    from kimi_eagle.eagle3.evaluate import plot_tau, tau_table
+    from kimi_eagle.apps.reports.training_charts import plot_tau
+    from kimi_eagle.eagle3.evaluate import tau_table
 
     table = tau_table({"engine IDs": _report((2.5, 1.9), (1.4, 1.1)), "recon IDs": _report((2.25, 1.75), None)})
     assert table == {

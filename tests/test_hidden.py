@@ -6,7 +6,9 @@ import torch
 from safetensors import safe_open
 
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3.hidden import HiddenStates, Row, bytes_per_token, extract, load_rows, load_target
+from kimi_eagle.eagle3.extract import ExtractOptions, extract
+from kimi_eagle.eagle3.hidden import Row, bytes_per_token, load_rows, load_target
+from kimi_eagle.eagle3.readers import HiddenStates
 from kimi_eagle.eagle3.speculative import generate_target_only
 
 torch.set_num_threads(1)
@@ -76,6 +78,24 @@ def test_extraction_resumes_without_redoing_finished_shards(target, rows, tmp_pa
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in full["shards"]]
     with pytest.raises(ValueError, match="different"):
         extract(stories_dir(), rows, part, shard_rows=2, model=target, layer_ids=[0, 2, 4])
+
+
+def test_a_row_over_the_limit_is_skipped_whole_and_named_in_the_manifest(target, rows, tmp_path):
+    """Long rows are skipped, never cut: a shard whose only row is too long is written empty, the manifest
+    lists the row with its reason, and the reader yields every other row whole."""
+    limit = max(len(r.input_ids) for r in rows) - 1
+    too_long = [k for k, r in enumerate(rows) if len(r.input_ids) > limit]
+    m = extract(stories_dir(), rows, tmp_path / "hs", ExtractOptions(shard_rows=1, max_len=limit), model=target)
+    assert m["long_rows"]["policy"] == "skip" and m["long_rows"]["max_len"] == limit
+    assert [r["row"] for r in m["long_rows"]["rows"]] == too_long and m["long_rows"]["n"] == len(too_long) > 0
+    assert all("longer than the" in r["reason"] for r in m["long_rows"]["rows"])
+    assert m["complete"] and [s["ids"] for s in m["shards"]] == [[] if k in too_long else [r.id] for k, r in enumerate(rows)]
+    kept = [r for k, r in enumerate(rows) if k not in too_long]
+    hs = HiddenStates(tmp_path / "hs")
+    assert hs.row_ids == [r.id for r in kept] and hs.verify() == []
+    assert [got["input_ids"].tolist() for got in hs] == [r.input_ids for r in kept]
+    resumed = extract(stories_dir(), rows, tmp_path / "hs", ExtractOptions(shard_rows=1, max_len=limit), model=target)
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in m["shards"]]
 
 
 def test_bad_rows_are_reported_not_dropped(tmp_path):

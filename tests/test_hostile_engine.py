@@ -125,7 +125,8 @@ def plant_legacy_pickle(path: Path, mark: Path) -> None:
 
 @pytest.fixture(scope="module")
 def hidden_dir(stories, tmp_path_factory):
-    from kimi_eagle.eagle3.hidden import Row, extract, load_target
+    from kimi_eagle.eagle3.extract import extract
+    from kimi_eagle.eagle3.hidden import Row, load_target
 
     target = load_target(stories_dir())
     rows = [Row(f"r{i}", [1] + stories.encode(text), [0] + [1] * len(stories.encode(text)))

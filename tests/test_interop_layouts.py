@@ -3,8 +3,10 @@ HF ``output_hidden_states`` at the index its convention names, speculators' ``Ar
 SpecForge's ``build_offline_eagle3_dataset`` see exactly the kit's tensors, and ``train`` reads all three."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,20 +14,13 @@ import torch
 from kimi_eagle.apps.cli import main as cli_main
 from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.assets import stories_dir
-from kimi_eagle.eagle3.hidden import Row, extract, load_target
+from kimi_eagle.eagle3.extract import ExtractOptions, extract
+from kimi_eagle.eagle3.hidden import Row, load_target
 from kimi_eagle.eagle3.layers import speculators_layer_ids, trainer_layer_ids
-from kimi_eagle.eagle3.layouts import (
-    arrow_rows,
-    extract_layout,
-    load_specforge_file,
-    open_hidden_states,
-    prompts_from_hidden,
-    rms_norm,
-    specforge_path,
-    speculators_path,
-    speculators_payload,
-)
+from kimi_eagle.eagle3.layouts import arrow_rows, specforge_path, speculators_path
+from kimi_eagle.eagle3.readers import load_specforge_file, open_hidden_states, prompts_from_hidden, rms_norm
 from kimi_eagle.eagle3.speculative import generate_target_only
+from kimi_eagle.eagle3.writers import speculators_payload
 from kimi_eagle.io import write_jsonl
 
 torch.set_num_threads(1)
@@ -53,11 +48,12 @@ def data(target, stories, tmp_path_factory):
     export_data(src, "speculators", root / "spec", **kw)
     export_data(src, "specforge", root / "sf", **kw)
     # max_tokens=1: one row per forward, so the stored values are those of an unpadded HF forward, bit for bit
-    extract(stories_dir(), rows, root / "kit", dtype="bf16", max_tokens=1, model=target)
-    extract_layout(stories_dir(), arrow_rows(root / "spec"), root / "spec" / "hidden_states", "speculators",
-                   dtype="bf16", max_tokens=1, rows_source=root / "spec", model=target)
-    extract_layout(stories_dir(), rows, root / "sf" / "hidden_states", "specforge", dtype="bf16", max_tokens=1,
-                   rows_source=root / "sf", model=target)
+    one_row_batches = ExtractOptions(dtype="bf16", max_tokens=1)
+    extract(stories_dir(), rows, root / "kit", one_row_batches, model=target)
+    extract(stories_dir(), arrow_rows(root / "spec"), root / "spec" / "hidden_states",
+            replace(one_row_batches, layout="speculators", rows_source=root / "spec"), model=target)
+    extract(stories_dir(), rows, root / "sf" / "hidden_states",
+            replace(one_row_batches, layout="specforge", rows_source=root / "sf"), model=target)
     return root, rows
 
 
@@ -144,8 +140,8 @@ def test_speculators_fp8_variant_is_hs_connectors_quantization(data, target, tmp
     spec = tmp_path / "spec"
     shutil.copytree(root / "spec", spec, ignore=shutil.ignore_patterns("hidden_states"))
     for dtype in ("fp32", "fp8"):
-        extract_layout(stories_dir(), arrow_rows(spec), spec / dtype, "speculators", dtype=dtype, max_tokens=1,
-                       rows_source=spec, model=target)
+        extract(stories_dir(), arrow_rows(spec), spec / dtype, layout="speculators", dtype=dtype, max_tokens=1,
+                rows_source=spec, model=target)
     ours = open_hidden_states(spec / "fp8", stories_dir())
     transfer = FP8Transfer(spec / "fp8", dequantize_dtype=torch.float32)
     for k in range(3):
@@ -232,13 +228,42 @@ def test_extraction_resumes_and_refuses_other_settings(data, target, tmp_path):
     before = {k: specforge_path(out, k).read_bytes() for k in range(N_ROWS)}
     specforge_path(out, 4).unlink()
     stamp = specforge_path(out, 5).stat().st_mtime_ns
-    m = extract_layout(stories_dir(), rows, out, "specforge", dtype="bf16", max_tokens=1, rows_source=root / "sf", model=target)
+    m = extract(stories_dir(), rows, out, layout="specforge", dtype="bf16", max_tokens=1, rows_source=root / "sf", model=target)
     assert m["complete"] and m["rows_written"] == N_ROWS and specforge_path(out, 5).stat().st_mtime_ns == stamp
     assert specforge_path(out, 4).read_bytes() == before[4]  # recomputed, the same bytes
     with pytest.raises(ValueError, match="different dtype"):
-        extract_layout(stories_dir(), rows, out, "specforge", dtype="fp16", model=target)
+        extract(stories_dir(), rows, out, layout="specforge", dtype="fp16", model=target)
     with pytest.raises(ValueError, match="fp8 is speculators' FP8 variant"):
-        extract_layout(stories_dir(), rows, tmp_path / "x", "specforge", dtype="fp8", model=target)
+        extract(stories_dir(), rows, tmp_path / "x", layout="specforge", dtype="fp8", model=target)
+
+
+def test_every_layout_skips_a_row_over_the_limit_and_states_the_policy(data, target, tmp_path):
+    """One long-row policy for all three layouts: a row over ``max_len`` is left out whole (never cut), the
+    manifest names it with its reason, and every other row is written exactly as without a limit."""
+    root, rows = data
+    limit = max(len(r.input_ids) for r in rows) - 1
+    long_rows = [{"row": k, "id": r.id, "n_tokens": len(r.input_ids),
+                  "reason": f"longer than the {limit}-token limit ({len(r.input_ids)} tokens)"}
+                 for k, r in enumerate(rows) if len(r.input_ids) > limit]
+    assert 0 < len(long_rows) < N_ROWS
+    limited = ExtractOptions(max_tokens=1, shard_rows=5, max_len=limit)
+    outs = {"kimi": (tmp_path / "kit", rows, limited),
+            "speculators": (tmp_path / "spec", arrow_rows(root / "spec"),
+                            replace(limited, layout="speculators", rows_source=root / "spec")),
+            "specforge": (tmp_path / "sf", rows, replace(limited, layout="specforge", rows_source=root / "sf"))}
+    unlimited = open_hidden_states(root / "kit", stories_dir())
+    for layout, (out, these, options) in outs.items():
+        m = extract(stories_dir(), these, out, options, model=target)
+        assert m["long_rows"] == {"policy": "skip", "max_len": limit, "n": len(long_rows), "rows": long_rows}, layout
+        assert m["complete"] and m["n_tokens"] == sum(len(r.input_ids) for r in rows) - sum(r["n_tokens"] for r in long_rows)
+        with pytest.warns(UserWarning, match="long row") if layout == "speculators" else contextlib.nullcontext():
+            ours = open_hidden_states(out, stories_dir())
+        assert ours.row_ids == [r.id for r in rows if r.id not in {x["id"] for x in long_rows}], layout
+        for i, rid in enumerate(ours.row_ids):
+            want = unlimited[unlimited.row_ids.index(rid)]
+            got = ours[i]
+            assert got["input_ids"].tolist() == want["input_ids"].tolist(), (layout, rid)  # whole, never cut
+            assert torch.equal(got["aux"].to(torch.bfloat16), want["aux"]), (layout, rid)
 
 
 def test_evaluate_takes_prompts_from_any_layout(data):

@@ -6,7 +6,7 @@ from kimi_eagle.diff.run import diff_files
 from kimi_eagle.engine.local import Engine, SamplingParams, completion_text
 from kimi_eagle.engine.pairs import generate_pairs
 from kimi_eagle.io import write_jsonl
-from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 
 PROMPTS = [
     {"id": "a", "prompt": "Once upon a time", "seed": 11},
@@ -51,7 +51,7 @@ def test_reconstructing_the_api_records_gives_back_the_engine_bytes(engine, pair
     engine_records, api_records = pairs
     write_jsonl(tmp_path / "engine.jsonl", engine_records)
     write_jsonl(tmp_path / "api.jsonl", api_records)
-    status = reconstruct_file(tmp_path / "api.jsonl", tmp_path / "recon.parquet", stories_dir(), "plain", progress=False)
+    status = reconstruct_file(tmp_path / "api.jsonl", tmp_path / "recon.parquet", stories_dir(), "plain", JobOptions(progress=False))
     assert status == {"ok": 3}
     records = diff_files(engine.tok, tmp_path / "engine.jsonl", tmp_path / "recon.parquet").records
     assert list(records.status) == ["ok"] * 3 and records.prompt_match.all()

@@ -14,6 +14,7 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import count_tool_calls, get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.chat.parse import (
+    ParseOptions,
     answer_conventions,
     api_record,
     parse_completion,
@@ -83,7 +84,7 @@ def test_names_come_from_the_ids_and_unparsable_ids_are_skipped(kimi):
     parsed = parse_completion(ids(kimi, raw), kimi)
     assert [(c["id"], c["function"]["name"]) for c in parsed.tool_calls] == [("lookup:3", "lookup")]
     assert "tool_id_unparsed" in parsed.flags  # neither server parses an id without :N
-    sglang = parse_completion(ids(kimi, raw), kimi, tool_ids="sglang", history_tool_calls=2)
+    sglang = parse_completion(ids(kimi, raw), kimi, ParseOptions(tool_ids="sglang", history_tool_calls=2))
     assert sglang.tool_calls[0]["id"] == "functions.lookup:5"  # SGLang adds the history's count to the model's N
 
 
@@ -92,7 +93,7 @@ def test_whitespace_is_kept_unless_stripping_like_the_servers(kimi):
     exact = parse_completion(ids(kimi, raw), kimi)
     assert exact.reasoning == "plan \n" and exact.tool_calls[0]["function"]["arguments"] == " {} \n"
     assert exact.tool_calls[0]["id"] == "functions.f:0" and "whitespace_stripped" in exact.flags
-    stripped = parse_completion(ids(kimi, raw), kimi, strip=True)
+    stripped = parse_completion(ids(kimi, raw), kimi, ParseOptions(strip=True))
     assert stripped.reasoning == "plan" and stripped.tool_calls[0]["function"]["arguments"] == "{}"
 
 
@@ -112,11 +113,11 @@ def test_text_between_and_after_calls_is_ignored_and_flagged(kimi):
 
 
 def test_other_formats(kimi):
-    assert parse_completion(ids(kimi, "Hi<|im_end|>"), kimi, format_name="kimi-k2.5-nothink").content == "Hi"
-    k2 = parse_completion(ids(kimi, "<think>hm</think>Hi<|im_end|>"), kimi, format_name="kimi-k2-thinking")
+    assert parse_completion(ids(kimi, "Hi<|im_end|>"), kimi, ParseOptions(format_name="kimi-k2.5-nothink")).content == "Hi"
+    k2 = parse_completion(ids(kimi, "<think>hm</think>Hi<|im_end|>"), kimi, ParseOptions(format_name="kimi-k2-thinking"))
     assert (k2.reasoning, k2.content) == ("hm", "Hi")
     with pytest.raises(ValueError, match="cannot parse format"):
-        parse_completion("x", format_name="plain")
+        parse_completion("x", options=ParseOptions(format_name="plain"))
     with pytest.raises(ValueError, match="needs the tokenizer"):
         parse_completion([1, 2])
 

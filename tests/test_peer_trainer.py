@@ -14,9 +14,10 @@ from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.apps.interop.speculators import export_speculators
 from kimi_eagle.assets import stories_dir
 from kimi_eagle.eagle3 import draft_vocab
-from kimi_eagle.eagle3.evaluate import evaluate_drafter
+from kimi_eagle.eagle3.evaluate import EvaluateOptions, evaluate_drafter
+from kimi_eagle.eagle3.extract import extract
 from kimi_eagle.eagle3.hidden import Row, load_target
-from kimi_eagle.eagle3.layouts import arrow_rows, extract_layout
+from kimi_eagle.eagle3.layouts import arrow_rows
 from kimi_eagle.eagle3.model import Eagle3Drafter, load_drafter
 from kimi_eagle.eagle3.speculative import generate_target_only
 from kimi_eagle.eagle3.speculators_checkpoint import kit_config
@@ -88,8 +89,8 @@ def peer_run(target, tmp_path_factory):
     src = write_jsonl(root / "rows.jsonl", ({"id": r.id, "input_ids": r.input_ids, "loss_mask": r.loss_mask} for r in rows))
     export_data(src, "speculators", root / "spec", vocab_size=512, draft_vocab_size=64, target=str(stories_dir()),
                 n_layers=5, hidden_size=64)
-    extract_layout(stories_dir(), arrow_rows(root / "spec"), root / "spec" / "hidden_states", "speculators",
-                   rows_source=root / "spec", model=target)
+    extract(stories_dir(), arrow_rows(root / "spec"), root / "spec" / "hidden_states", layout="speculators",
+            rows_source=root / "spec", model=target)
     cfg = PeerConfig(str(root / "spec"), str(stories_dir()), str(root / "out"), steps=2, ttt_steps=STEPS,
                      batch_size=3, draft_vocab_size=64)
     result = train_peer(cfg, LAYERS, [[0, 1, 2], [3, 4, 5]])
@@ -121,8 +122,8 @@ def test_a_drafter_trained_and_saved_by_speculators_loads_with_its_logits(peer_r
         valid = ids.shape[1] - 1 - k  # past the end both sides see padding tokens
         torch.testing.assert_close(ours[k][:, :valid], theirs[k][:, :valid], rtol=1e-5, atol=1e-5)
     # and the kit's evaluate takes the directory as it is (greedy output = the target's own)
-    report = evaluate_drafter(stories_dir(), path, [("p", rows[0].input_ids[:4])], k=2, max_new_tokens=6,
-                              temperatures=(0.0,), ngram=False, model=target)
+    report = evaluate_drafter(stories_dir(), path, [("p", rows[0].input_ids[:4])],
+                              EvaluateOptions(k=2, max_new_tokens=6, temperatures=(0.0,), ngram=False), model=target)
     assert report["methods"]["eagle3"]["greedy"]["identical_to_target_greedy"] == "1/1"
 
 

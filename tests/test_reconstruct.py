@@ -12,7 +12,7 @@ import pytest
 
 from kimi_eagle.assets import kimi_dir, stories_dir
 from kimi_eagle.reconstruct.convert import convert_file
-from kimi_eagle.reconstruct.job import read_rows, reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, read_rows, reconstruct_file
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 CONTRACT_COLUMNS = ["id", "dataset", "status", "error", "format", "prompt_ids", "completion_ids", "n_prompt_tokens",
@@ -60,7 +60,7 @@ def bad_file(tmp_path_factory):
 
 def test_every_bad_input_is_one_clear_row_and_the_run_goes_on(bad_file, tmp_path):
     out = tmp_path / "out.parquet"
-    counts = reconstruct_file(bad_file, out, kimi_dir(), "kimi-k2.5", progress=False)
+    counts = reconstruct_file(bad_file, out, kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     df = read_rows(out)
     assert len(df) == len(BAD_INPUTS) and counts == {"ok": 2, "error": len(BAD_INPUTS) - 2}
     assert list(df.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
@@ -82,7 +82,7 @@ def test_rows_follow_the_contract(tmp_path, kimi):
     src = tmp_path / "rtu.jsonl"
     convert_file("reason-tool-use", None, src, limit=10)
     out = tmp_path / "rtu.parquet"
-    reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", progress=False)
+    reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     schema = pq.read_schema(out)
     assert str(schema.field("segments").type) == (
         "list<element: struct<kind: string, byte_start: int64, byte_end: int64, tok_start: int64, tok_end: int64>>")
@@ -104,7 +104,7 @@ def test_plain_format_over_stories_tokenizer(tmp_path, stories):
     src = tmp_path / "s.jsonl"
     src.write_bytes(line(rec("s1", {"content": " there was a cat."})) + line(rec("s2", {"content": "ce upon"}, "length")))
     out = tmp_path / "s.parquet"
-    assert reconstruct_file(src, out, stories_dir(), "plain", progress=False) == {"ok": 2}
+    assert reconstruct_file(src, out, stories_dir(), "plain", JobOptions(progress=False)) == {"ok": 2}
     df = read_rows(out)
     assert list(df.prompt_ids[0]) == [1] + stories.encode("Hi")
     assert ids_to_bytes(stories, list(df.completion_ids[0])) == b" there was a cat.</s>"
@@ -115,7 +115,7 @@ def test_empty_file_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n \n")
     with pytest.raises(ValueError, match="is empty: no records"):
-        reconstruct_file(empty, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", progress=False)
+        reconstruct_file(empty, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     cli = subprocess.run([sys.executable, "-m", "kimi_eagle", "reconstruct", str(empty), "--tokenizer", str(kimi_dir()),
                           "-o", str(tmp_path / "o.parquet")], capture_output=True, text=True)
     assert cli.returncode == 3 and "is empty" in cli.stderr
@@ -134,15 +134,15 @@ def same_table(a, b) -> bool:
 
 def test_two_workers_equal_one(sharegpt_records, tmp_path):
     one, two = tmp_path / "one.parquet", tmp_path / "two.parquet"
-    reconstruct_file(sharegpt_records, one, kimi_dir(), "kimi-k2.5", workers=1, shard_size=200, progress=False)
-    reconstruct_file(sharegpt_records, two, kimi_dir(), "kimi-k2.5", workers=2, shard_size=200, progress=False)
+    reconstruct_file(sharegpt_records, one, kimi_dir(), "kimi-k2.5", JobOptions(workers=1, shard_size=200, progress=False))
+    reconstruct_file(sharegpt_records, two, kimi_dir(), "kimi-k2.5", JobOptions(workers=2, shard_size=200, progress=False))
     assert len(read_rows(one)) == sum(1 for _ in open(sharegpt_records)) and same_table(one, two)
     assert not (tmp_path / "one.parquet.parts").exists()
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(sharegpt_records, tmp_path):
     ref = tmp_path / "ref.parquet"
-    reconstruct_file(sharegpt_records, ref, kimi_dir(), "kimi-k2.5", shard_size=10, progress=False)
+    reconstruct_file(sharegpt_records, ref, kimi_dir(), "kimi-k2.5", JobOptions(shard_size=10, progress=False))
     out = tmp_path / "out.parquet"
     parts = tmp_path / "out.parquet.parts"
     cmd = [sys.executable, "-m", "kimi_eagle", "reconstruct", str(sharegpt_records), "--tokenizer", str(kimi_dir()),
@@ -171,4 +171,4 @@ def test_resume_refuses_changed_settings(sharegpt_records, tmp_path):
     parts.mkdir()
     (parts / "manifest.json").write_text(json.dumps({"format": "kimi-k2-instruct"}))
     with pytest.raises(ValueError, match="cannot resume"):
-        reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", resume=True, progress=False)
+        reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", JobOptions(resume=True, progress=False))

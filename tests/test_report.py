@@ -7,7 +7,8 @@ import struct
 import pytest
 
 from kimi_eagle.apps.cli import main
-from kimi_eagle.apps.reports.diff_report import CHARTS, wilson
+from kimi_eagle.apps.reports.diff_report import CHARTS
+from kimi_eagle.diff.summary import wilson
 
 
 def png_size(path):
@@ -62,8 +63,7 @@ def test_every_chart_is_a_real_png_and_embedded_in_the_html(report):
 def test_a_diff_with_errors_and_no_labels_reports_without_confusion(tmp_path, kimi):
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_classify import build, turn
-    from test_diff import recon_row, write_engine
+    from helpers import build, recon_row, turn, write_engine
 
     ids, segs = build(kimi, turn())
     pq.write_table(pa.Table.from_pylist([recon_row("a", ids, segs, billed=len(ids)), recon_row("b", ids, segs)]),
@@ -106,7 +106,7 @@ def test_a_chart_or_section_that_fails_is_a_visible_note_and_the_rest_renders(re
 
 
 def test_a_billing_chart_that_fails_is_a_visible_note(tmp_path, kimi, monkeypatch):
-    from test_billing import api, row
+    from helpers import api, row
 
     from kimi_eagle.apps.reports import billing_report
 
@@ -119,3 +119,28 @@ def test_a_billing_chart_that_fails_is_a_visible_note(tmp_path, kimi, monkeypatc
     assert sorted(s["charts"]) == ["billing_delta", "billing_verdicts_by_provider"]
     page = (tmp_path / "report.html").read_text()
     assert "⚠ chart “billing_gap_by_dataset” left out: RuntimeError: no chart" in page
+
+
+def test_the_four_report_pages_share_one_stylesheet_and_carry_no_other(report, tmp_path, kimi, stories):
+    import re
+
+    from helpers import api, row
+    from test_audit import small_audit
+
+    from kimi_eagle.apps.audit.report import write_audit_report
+    from kimi_eagle.apps.reports.batch_summary import write_summary
+    from kimi_eagle.apps.reports.billing_report import write_billing
+    from kimi_eagle.apps.reports.toolkit import STYLESHEET
+
+    write_billing(kimi, [row(kimi, api("a"), billed=2)], tmp_path / "billing")
+    (tmp_path / "batch" / "r1").mkdir(parents=True)
+    (tmp_path / "batch" / "r1" / "run.json").write_text(json.dumps({"status": "ok", "duration_s": 1.0}))
+    (tmp_path / "batch" / "r1" / "metrics.json").write_text(json.dumps({"data": "real", "rate": 0.5}))
+    write_summary(tmp_path / "batch", [("r1", {"x": 1}), ("r2", {"x": 2})])
+    write_audit_report(small_audit(stories)[1], tmp_path / "audit")
+    pages = {"report": report / "report.html", "billing": tmp_path / "billing" / "report.html",
+             "batch": tmp_path / "batch" / "summary.html", "audit": tmp_path / "audit" / "report.html"}
+    for kind, path in pages.items():
+        page = path.read_text()
+        assert re.findall(r"<style>(.*?)</style>", page, re.S) == ["\n" + STYLESHEET], kind
+        assert page.count("<style") == 1 and "<link" not in page and f"<body class='{kind}'>" in page, kind

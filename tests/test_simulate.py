@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from kimi_eagle.apps.reports.diff_report import confusion, precision_recall
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.diff.simulate import EFFECTS, load_source_records, run_benchmark, simulate_samples, write_samples
+from kimi_eagle.diff.summary import confusion, precision_recall
 
 PER_EFFECT = 4
 

@@ -21,7 +21,7 @@ from kimi_eagle.engine.kimi_format import kimi_chat_answer
 from kimi_eagle.engine.local import Engine, EngineError, Generation, SamplingParams
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.reconstruct.convert import convert
-from kimi_eagle.reconstruct.job import reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 from kimi_eagle.reconstruct.record import reconstruct_record
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
@@ -198,7 +198,7 @@ def test_end_to_end_serve_collect_reconstruct_diff_accounts_for_every_prompt(bui
         assert {k: message.get(k) for k in ("content", "reasoning", "tool_calls")} == {
             k: answer.message.get(k) for k in ("content", "reasoning", "tool_calls")}
         assert answer.flags == e["parse_flags"]
-    reconstruct_file(tmp_path / "responses.jsonl", tmp_path / "recon.parquet", kimi_dir(), "kimi-k2.5", progress=False)
+    reconstruct_file(tmp_path / "responses.jsonl", tmp_path / "recon.parquet", kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     records = diff_files(tok, tmp_path / "engine.jsonl", tmp_path / "recon.parquet").records
     assert sorted(records["id"]) == sorted(prompt_ids)
     assert set(records["status"]) <= {"ok", "error"} and records["status"].notna().all()

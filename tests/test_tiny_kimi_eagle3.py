@@ -6,9 +6,11 @@ import torch
 
 from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
 from kimi_eagle.apps.tiny_kimi import TinyKimiSpec, build_tiny_kimi, kimi_prompt_lines
-from kimi_eagle.eagle3.evaluate import evaluate_drafter, load_prompts
-from kimi_eagle.eagle3.hidden import HiddenStates, extract, load_rows, load_target
+from kimi_eagle.eagle3.evaluate import EvaluateOptions, evaluate_drafter, load_prompts
+from kimi_eagle.eagle3.extract import extract
+from kimi_eagle.eagle3.hidden import load_rows, load_target
 from kimi_eagle.eagle3.online import OnlineHiddenStates
+from kimi_eagle.eagle3.readers import HiddenStates
 from kimi_eagle.eagle3.row_space import ROW_SPACE, skipped_by_reason, target_id_map
 from kimi_eagle.eagle3.speculative import generate_target_only
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
@@ -107,8 +109,8 @@ def test_extract_train_evaluate_in_row_space_keeps_greedy_identical_to_the_targe
     assert saved["token_ids"] == ROW_SPACE and saved["draft_vocab"]["target_vocab_size"] == len(engine.id_map)
     prompts = [(p["id"], engine.id_map.to_rows(engine.prompt_ids(p["messages"], p.get("tools"))))
                for p in prompt_lines[N_TRAIN:]]
-    report = evaluate_drafter(model_dir, tmp_path / "train" / "drafter", prompts, k=3, max_new_tokens=8,
-                              temperatures=(0.0,), model=target)
+    report = evaluate_drafter(model_dir, tmp_path / "train" / "drafter", prompts,
+                              EvaluateOptions(k=3, max_new_tokens=8, temperatures=(0.0,)), model=target)
     assert report["token_ids"] == ROW_SPACE
     for method in ("eagle3", "ngram"):
         greedy = report["methods"][method]["greedy"]

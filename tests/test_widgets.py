@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_align import split_token
+from helpers import split_token
 
 from kimi_eagle.apps.widgets.inspector import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
 from kimi_eagle.assets import kimi_dir

@@ -1,9 +1,26 @@
-"""``kimi-eagle`` command line: one subcommand per module, imported only when used."""
+"""``kimi-eagle`` command line: one subcommand per module, imported only when used.
+
+One vocabulary for every command:
+
+* inputs: a command's main input -- the file or directory it turns into its output (records, rows, prompts, a
+  diff, a drafter, a notebook) -- is positional; everything it uses to do that is a named option: models it runs
+  (--model-dir, --target, --draft), tokenizers (--tokenizer), grids, labels, references. A command with two inputs
+  of equal standing names both (diff --engine E --reconstructed R), one without a main input names all of its
+  inputs (probe, simulate, serve, tiny-kimi, demo).
+* output: -o/--output (a file or a directory, as the command's help says).
+* chat format: --format.
+* models: --model-dir is a local model directory; --model is a model name sent to an API (collect, audit).
+* old spellings (--out, --chat-format, --model for a directory, --data/--prompts/--reconstructed for a positional
+  input) still parse to the same arguments; `--help` marks each one "deprecated alias".
+"""
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
+import textwrap
+from typing import Any, Protocol
 
 # subcommand -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,37 +56,94 @@ EXAMPLES: dict[str, str] = {
     "simulate": "kimi-eagle simulate -o runs/sim --per-effect 10 --run",
     "diff": "kimi-eagle diff --engine runs/mine/engine.jsonl --reconstructed runs/mine/recon.parquet -o runs/mine/diff",
     "report": "kimi-eagle report runs/mine/diff -o runs/mine/report",
-    "billing": "kimi-eagle billing --reconstructed runs/mine/recon.parquet -o runs/mine/billing",
-    "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model ../shared/assets/stories260K",
-    "serve": "kimi-eagle serve --model ../shared/assets/stories260K --port 8000",
+    "billing": "kimi-eagle billing runs/mine/recon.parquet -o runs/mine/billing",
+    "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model-dir ../shared/assets/stories260K",
+    "serve": "kimi-eagle serve --model-dir ../shared/assets/stories260K --port 8000",
     "tiny-kimi": "kimi-eagle tiny-kimi -o runs/tiny_kimi/model --steps 150 --seed 0 --collect 48",
     "collect": "kimi-eagle collect prompts.jsonl -o runs/mine/api.jsonl --base-url https://openrouter.ai/api/v1 "
                "--model moonshotai/kimi-k2.5",
     "audit": "kimi-eagle audit prompts.jsonl -o runs/audit --base-url http://127.0.0.1:8000/v1 --model stories260K "
              "--providers fp32,bf16,int8 --reference runs/gen/engine.jsonl --tokenizer ../shared/assets/stories260K "
              "--format plain",
-    "extract": "kimi-eagle extract --target ../shared/assets/stories260K --data runs/mine/recon.parquet -o runs/hidden",
-    "train": "kimi-eagle train --data runs/hidden --target ../shared/assets/stories260K -o runs/train --steps 200",
+    "extract": "kimi-eagle extract runs/mine/recon.parquet --target ../shared/assets/stories260K -o runs/hidden",
+    "train": "kimi-eagle train runs/hidden --target ../shared/assets/stories260K -o runs/train --steps 200",
     "export": "kimi-eagle export runs/train/drafter --engine sglang -o runs/export",
     "export-data": "kimi-eagle export-data runs/mine/recon.parquet --to specforge -o runs/specforge "
                    "--target ../shared/assets/stories260K",
-    "evaluate": "kimi-eagle evaluate --target ../shared/assets/stories260K --draft runs/train/drafter "
-                "--prompts prompts.jsonl",
+    "evaluate": "kimi-eagle evaluate prompts.jsonl --target ../shared/assets/stories260K --draft runs/train/drafter",
     "batch": "kimi-eagle batch --grid notebooks/grids/diff_datasets.yaml -o runs/batch/diff_datasets --workers 2",
     "demo": "kimi-eagle demo -o runs/demo --batch-workers 2",
 }
 
 
+DEPRECATED_ALIASES = "deprecated_aliases"  # the attribute of an argparse Action that holds its old spellings
+MAIN_INPUT = "main_input"  # the attribute that marks a positional main input (required, though nargs="?")
+
+
+class ArgumentContainer(Protocol):
+    """An argparse parser or one of its argument groups."""
+
+    def add_argument(self, *name_or_flags: str, **kwargs: Any) -> argparse.Action: ...
+
+
+def deprecated_aliases(action: argparse.Action) -> tuple[str, ...]:
+    """The old spellings that still fill ``action``'s dest (empty for an option without any)."""
+    return getattr(action, DEPRECATED_ALIASES, ())
+
+
+def add_option(container: ArgumentContainer, *names: str, aliases: tuple[str, ...] = (), help: str,
+               **kwargs: Any) -> argparse.Action:
+    """Add the option spelled ``names`` that also accepts the old spellings ``aliases`` (same dest, same value);
+    ``--help`` lists only ``names`` and ends the help with "(ALIAS: deprecated alias)". Pass ``dest`` to keep
+    the attribute name the command's ``run()`` reads when the canonical spelling differs from it."""
+    long_name = next((n for n in names if n.startswith("--")), names[0])
+    if "action" not in kwargs and "choices" not in kwargs:  # `-o OUTPUT`, not `-o OUT` after a kept dest
+        kwargs.setdefault("metavar", long_name.lstrip("-").upper().replace("-", "_"))
+    action = container.add_argument(*names, *aliases, help=help, **kwargs)
+    setattr(action, DEPRECATED_ALIASES, tuple(aliases))
+    return action
+
+
+def add_main_input(parser: argparse.ArgumentParser, dest: str, *, alias: str, help: str,
+                   metavar: str | None = None) -> argparse.Action:
+    """Add a command's main input as the positional ``DEST``, still accepted as the old option ``alias``: exactly
+    one of the two is required, and both parse to the same ``args.<dest>``."""
+    either = parser.add_mutually_exclusive_group(required=True)
+    positional = either.add_argument(dest, nargs="?", default=argparse.SUPPRESS, metavar=metavar or dest.upper(),
+                                     help=help)
+    either.add_argument(alias, dest=dest, help=argparse.SUPPRESS)
+    setattr(positional, DEPRECATED_ALIASES, (alias,))
+    setattr(positional, MAIN_INPUT, True)
+    return positional
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and examples kept as written; every option's default shown (unless its help already says it)."""
+    """Descriptions and examples kept as written; every option's default shown (unless its help already says it);
+    deprecated aliases named only in a note at the end of the help, main inputs shown as required."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if (_no_default(default) or "%(default)" in text or "default" in text
+        if not (_no_default(default) or "%(default)" in text or "default" in text
                 or not action.option_strings or isinstance(action, argparse._VersionAction)):
-            return text
-        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+            text = f"{text} (default: %(default)s)" if text else "default: %(default)s"
+        notes = " ".join(f"({alias}: deprecated alias)" for alias in deprecated_aliases(action))
+        return f"{text} {notes}" if notes else text
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)  # keep `--chat-format` whole
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        aliases = deprecated_aliases(action)
+        if action.option_strings and aliases:
+            action = copy.copy(action)
+            action.option_strings = [s for s in action.option_strings if s not in aliases]
+        return super()._format_action_invocation(action)
+
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        if getattr(action, MAIN_INPUT, False):  # required through its group, so no [brackets]
+            return self._metavar_formatter(action, default_metavar)(1)[0]
+        return super()._format_args(action, default_metavar)
 
 
 def _no_default(value: object) -> bool:
@@ -95,8 +169,9 @@ def _description(module) -> str:
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The ``kimi-eagle`` parser; only the command named in ``argv`` gets its options (its module is imported)."""
     parser = argparse.ArgumentParser(
-        prog="kimi-eagle", description=__doc__, formatter_class=HelpFormatter,
+        prog="kimi-eagle", description=(__doc__ or "").replace("``", "`"), formatter_class=HelpFormatter,
         epilog="Run `kimi-eagle COMMAND --help` for a command's options, defaults and an example.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -117,6 +192,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``kimi-eagle`` command; its exit status (2 with a one-line error for unreadable or bad input)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])

@@ -347,7 +347,8 @@ def collect_tiny_kimi(model_dir: str | Path, out: str | Path, n: int, max_tokens
     ``response_id``); returns (and writes as ``collect_summary.json``) the counts and the wall time.
     """
     from kimi_eagle.apps.api.collect import CollectConfig, collect
-    from kimi_eagle.apps.api.server import LocalServer, delivered_engine_records
+    from kimi_eagle.apps.api.server import LocalServer
+    from kimi_eagle.diff.inputs import delivered_engine_records
     from kimi_eagle.engine.local import default_model_name
 
     out = Path(out)

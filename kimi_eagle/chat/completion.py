@@ -80,6 +80,11 @@ class Turn:
 
 TOOL_ID_POLICIES = ("auto", "normalise", "keep")
 
+# the flags :func:`kimi_completion` (and the record checks after it) write for the server conventions
+# (docs/reconstruct.md, "Completion options"); ``{policy}`` is the tool-id policy in force
+CONVENTION_FLAGS = ("truncated", "truncated_in_tool_call", "truncation_ambiguous", "no_think_end", "no_reasoning",
+                    "tool_ids_{policy}", "tool_id_normalised", "args_not_json")
+
 
 @dataclass(frozen=True)
 class CompletionOptions:
@@ -268,33 +273,41 @@ def kimi_completion(turn: Turn, first_call_index: int, options: CompletionOption
     if turn.content:
         segs.append(content("content", turn.content))
     if turn.tool_calls:
-        policy = options.tool_id_policy
-        flags.append(f"tool_ids_{policy}")
-        segs.append(special("tool_section_begin", "<|tool_calls_section_begin|>"))
-        last = len(turn.tool_calls) - 1
-        for k, call in enumerate(turn.tool_calls):
-            tool_id = choose_tool_id(call, first_call_index + k, policy, history_ids)
-            if call.id is not None and call.id != tool_id and "tool_id_normalised" not in flags:
-                flags.append("tool_id_normalised")
-            args, is_json = arguments_text(call.arguments)
-            if not is_json and "args_not_json" not in flags:
-                flags.append("args_not_json")
-            segs += [
-                special("tool_call_begin", "<|tool_call_begin|>"),
-                content("tool_id", tool_id),
-                special("tool_arg_begin", "<|tool_call_argument_begin|>"),
-                content("tool_args", args),
-            ]
-            if truncated and k == last:
-                flags.append("truncated_in_tool_call")
-                if is_json:
-                    flags.append("truncation_ambiguous")
-                return segs, flags
-            segs.append(special("tool_call_end", "<|tool_call_end|>"))
-        segs.append(special("tool_section_end", "<|tool_calls_section_end|>"))
+        segs += _tool_section(turn, first_call_index, options.tool_id_policy, history_ids, flags)
     if not truncated:
         segs.append(special("im_end", "<|im_end|>"))
     return segs, flags
+
+
+def _tool_section(turn: Turn, first_call_index: int, policy: str, history_ids: Sequence[str],
+                  flags: list[str]) -> list[Segment]:
+    """The tool section of ``turn`` (its flags appended to ``flags``); a length cut ends it after the last
+    call's arguments (flag ``truncated_in_tool_call``, and ``truncation_ambiguous`` for complete JSON)."""
+    truncated = turn.finish_reason == "length"
+    flags.append(f"tool_ids_{policy}")
+    segs = [special("tool_section_begin", "<|tool_calls_section_begin|>")]
+    last = len(turn.tool_calls) - 1
+    for k, call in enumerate(turn.tool_calls):
+        tool_id = choose_tool_id(call, first_call_index + k, policy, history_ids)
+        if call.id is not None and call.id != tool_id and "tool_id_normalised" not in flags:
+            flags.append("tool_id_normalised")
+        args, is_json = arguments_text(call.arguments)
+        if not is_json and "args_not_json" not in flags:
+            flags.append("args_not_json")
+        segs += [
+            special("tool_call_begin", "<|tool_call_begin|>"),
+            content("tool_id", tool_id),
+            special("tool_arg_begin", "<|tool_call_argument_begin|>"),
+            content("tool_args", args),
+        ]
+        if truncated and k == last:
+            flags.append("truncated_in_tool_call")
+            if is_json:
+                flags.append("truncation_ambiguous")
+            return segs
+        segs.append(special("tool_call_end", "<|tool_call_end|>"))
+    segs.append(special("tool_section_end", "<|tool_calls_section_end|>"))
+    return segs
 
 
 # what may follow a length cut right after the last call's complete arguments, one token each

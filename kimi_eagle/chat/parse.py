@@ -142,38 +142,37 @@ def _units_from_text(text: str) -> list[tuple[str, bool]]:
 # The parser
 
 
-def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None, *, format_name: str = "kimi-k2.5",
-                     finish_reason: str | None = None, strip: bool = False, tool_ids: str = "model",
-                     history_tool_calls: int = 0) -> ParsedCompletion:
-    """Parse a raw completion (the IDs or text after the generation prompt) into the API message.
+@dataclass(frozen=True)
+class ParseOptions:
+    """How :func:`parse_completion` reads a completion.
 
-    ``source``: engine IDs (needs ``tok``) or the raw text with markers spelled out.
-    ``finish_reason``: overrides the one read from the output (``stop``/``tool_calls`` when it ends
-    with ``<|im_end|>``, else ``length``; servers strip ``<|im_end|>`` from text, so pass it for text).
-    ``strip``: strip whitespace as the servers' regexes do. ``tool_ids``: ``model`` (the id the model
-    wrote) or ``sglang`` (``functions.NAME:{history_tool_calls + N}``).
+    ``format_name``: the chat format (:data:`PARSE_FORMATS`). ``finish_reason``: overrides the one read
+    from the output (``stop``/``tool_calls`` when it ends with ``<|im_end|>``, else ``length``; servers
+    strip ``<|im_end|>`` from text, so pass it for text). ``strip``: strip whitespace as the servers'
+    regexes do. ``tool_ids``: ``model`` (the id the model wrote) or ``sglang``
+    (``functions.NAME:{history_tool_calls + N}``).
     """
-    if format_name not in PARSE_FORMATS:
-        raise ValueError(f"cannot parse format {format_name!r}; known: {', '.join(PARSE_FORMATS)}")
-    if tool_ids not in TOOL_ID_OUTPUTS:
-        raise ValueError(f"unknown tool_ids {tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
-    flags: list[str] = []
-    if isinstance(source, str):
-        units, n_tokens = _units_from_text(source), None
-    else:
-        if tok is None:
-            raise ValueError("parsing IDs needs the tokenizer")
-        units, n_tokens = _units_from_ids(list(source), tok, flags), len(source)
-    ended = False
+
+    format_name: str = "kimi-k2.5"
+    finish_reason: str | None = None
+    strip: bool = False
+    tool_ids: str = "model"
+    history_tool_calls: int = 0
+
+
+def _cut_at_im_end(units: list[tuple[str, bool]], flags: list[str]) -> tuple[list[tuple[str, bool]], bool]:
+    """The units before ``<|im_end|>`` and whether it was written (what follows it is flagged, not parsed)."""
     for k, (text, is_marker) in enumerate(units):
         if is_marker and text == IM_END:
-            ended = True
             if k + 1 < len(units):
                 flags.append("text_after_im_end")  # generation stops at <|im_end|>: what follows is not the turn
-            units = units[:k]
-            break
+            return units[:k], True
+    return units, False
 
-    start = PARSE_FORMATS[format_name]
+
+def _read_text(units: list[tuple[str, bool]], start: str, flags: list[str]) -> tuple[list[str], list[str], bool | None, str, int]:
+    """Reasoning and content up to the tool section: ``(reasoning, content, think_end, state, pos)``, where
+    ``state`` is ``tools`` when a tool section begins at ``units[pos]`` and ``start`` the state to begin in."""
     pos = 0
     if start == "think_begin":
         if units and units[0] == (THINK, True):
@@ -199,20 +198,42 @@ def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None, 
         else:  # a marker with no role here: servers leave its text in place
             (reasoning if state == "reasoning" else content).append(text)
             flags.append(f"stray_marker:{text}")
+    return reasoning, content, think_end if start != "content" else None, state, pos
+
+
+def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
+                     options: ParseOptions = ParseOptions()) -> ParsedCompletion:
+    """Parse a raw completion (the IDs or text after the generation prompt) into the API message.
+
+    ``source``: engine IDs (needs ``tok``) or the raw text with markers spelled out; ``options``: the
+    format, finish reason, whitespace and tool-id conventions (:class:`ParseOptions`).
+    """
+    if options.format_name not in PARSE_FORMATS:
+        raise ValueError(f"cannot parse format {options.format_name!r}; known: {', '.join(PARSE_FORMATS)}")
+    if options.tool_ids not in TOOL_ID_OUTPUTS:
+        raise ValueError(f"unknown tool_ids {options.tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
+    flags: list[str] = []
+    if isinstance(source, str):
+        units, n_tokens = _units_from_text(source), None
+    else:
+        if tok is None:
+            raise ValueError("parsing IDs needs the tokenizer")
+        units, n_tokens = _units_from_ids(list(source), tok, flags), len(source)
+    units, ended = _cut_at_im_end(units, flags)
+    reasoning, content, think_end, state, pos = _read_text(units, PARSE_FORMATS[options.format_name], flags)
     if state == "reasoning":  # cut off, or (not well-formed) <|im_end|> with no </think> before it
         flags.append("truncated_in_reasoning" if not ended else "reasoning_not_closed")
-    calls = _parse_tool_section(units[pos:], flags, strip) if state == "tools" else []
+    calls = _parse_tool_section(units[pos:], flags, options.strip) if state == "tools" else []
     reasoning_text = "".join(reasoning)
-    if strip and think_end is False:
+    if options.strip and think_end is False:
         reasoning_text = reasoning_text.rstrip()
-    if tool_ids == "sglang":
+    if options.tool_ids == "sglang":
         for call in calls:
             index = int(_ID_NAME.fullmatch(call["id"]).group("index"))
-            call["id"] = f"functions.{call['function']['name']}:{history_tool_calls + index}"
-    finish = finish_reason or ("tool_calls" if ended and calls else "stop" if ended else "length")
+            call["id"] = f"functions.{call['function']['name']}:{options.history_tool_calls + index}"
+    finish = options.finish_reason or ("tool_calls" if ended and calls else "stop" if ended else "length")
     return ParsedCompletion(reasoning=reasoning_text or None, content="".join(content) or None, tool_calls=calls,
-                            finish_reason=finish, think_end=think_end if start != "content" else None,
-                            n_tokens=n_tokens, flags=flags)
+                            finish_reason=finish, think_end=think_end, n_tokens=n_tokens, flags=flags)
 
 
 def _parse_tool_section(units: list[tuple[str, bool]], flags: list[str], strip: bool) -> list[dict[str, Any]]:
@@ -281,7 +302,7 @@ def reconstruction_options(parsed: ParsedCompletion, tool_ids: str = "auto") -> 
 
 def think_end_before_tools(ids: Sequence[int], tok: Tokenizer, format_name: str = "kimi-k2.5") -> bool | None:
     """Did the engine output write ``</think>`` before its tool section? ``None`` without tools or reasoning."""
-    parsed = parse_completion(ids, tok, format_name=format_name)
+    parsed = parse_completion(ids, tok, ParseOptions(format_name=format_name))
     return parsed.think_end if parsed.tool_calls else None
 
 

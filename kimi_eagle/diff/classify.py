@@ -119,16 +119,10 @@ def _json_equal(x: bytes, y: bytes) -> bool:
         return False
 
 
-def semantic_subclass(al: Alignment, h: Hunk, segments: Sequence[Mapping[str, Any]],
-                      json_cache: dict[tuple[int, int], bool] | None = None, kinds: list[str] | None = None) -> str:
-    """The subclass of one hunk whose bytes (or special tokens) differ; see the module docstring."""
-    return _subclass(al, h, al.a.run_specials(h.a_start, h.a_end), al.b.run_specials(h.b_start, h.b_end), segments,
-                     json_cache, kinds)
-
-
 def _subclass(al: Alignment, h: Hunk, sa: list[int], sb: list[int], segments: Sequence[Mapping[str, Any]],
               json_cache: dict[tuple[int, int], bool] | None, kinds: list[str] | None, spans: Spans | None = None) -> str:
-    """:func:`semantic_subclass` given the special IDs of the two runs (``sa``, ``sb``)."""
+    """The subclass of one hunk whose bytes (or special tokens) differ, given the special IDs of the two runs
+    (``sa``, ``sb``); see the module docstring."""
     a, b = al.a, al.b
     xa, xb = a.run_bytes(h.a_start, h.a_end), b.run_bytes(h.b_start, h.b_end)
     if xa != xb and h.a_end == len(a) and h.b_end == len(b):

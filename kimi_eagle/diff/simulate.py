@@ -327,11 +327,11 @@ def run_benchmark(sim_dir: str | Path, tokenizer_dir: str | Path, format_name: s
     Returns the :class:`~kimi_eagle.diff.run.DiffResult` (written to ``diff_dir``, default ``SIM_DIR/diff``).
     """
     from kimi_eagle.diff.run import diff_files, write_diff
-    from kimi_eagle.reconstruct.job import reconstruct_file
+    from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 
     sim = Path(sim_dir)
     recon = sim / "reconstructed.parquet"
-    reconstruct_file(sim / "api.jsonl", recon, tokenizer_dir, format_name, progress=False)
+    reconstruct_file(sim / "api.jsonl", recon, tokenizer_dir, format_name, JobOptions(progress=False))
     tok = load_tokenizer(tokenizer_dir)
     result = diff_files(tok, sim / "engine.jsonl", recon, sim / "labels.parquet")
     write_diff(result, diff_dir or sim / "diff", {"engine": str(sim / "engine.jsonl"), "reconstructed": str(recon),

@@ -21,15 +21,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from kimi_eagle.eagle3.hidden import Row, extract, load_rows, load_target
-from kimi_eagle.io import write_figure, write_json, write_jsonl
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from kimi_eagle.eagle3.extract import extract
+from kimi_eagle.eagle3.hidden import Row, load_rows, load_target
+from kimi_eagle.io import write_json, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -105,6 +103,11 @@ def bootstrap_tau(accepted: np.ndarray, rounds: np.ndarray, reference: tuple[np.
 
 @dataclass
 class AblationSettings:
+    """The options of :func:`run_ablation`: the training and evaluation settings every drafter shares
+    (``seeds``: one drafter per seed and arm; ``k``, ``max_new_tokens``, ``temperatures``: evaluation;
+    ``n_boot``: bootstrap resamples; ``inject_seed``: the re-segmentation injection), the ``arms``, the
+    ``reference`` arm's name and ``progress`` (a bar over the drafters)."""
+
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int = 120
     ttt_steps: int = 7
@@ -116,12 +119,28 @@ class AblationSettings:
     temperatures: tuple[float, ...] = (0.0, 1.0)
     n_boot: int = 2000
     inject_seed: int = 0
+    arms: tuple[Arm, ...] = DEFAULT_ARMS
+    reference: str = REFERENCE
+    progress: bool = False
+
+    def record(self) -> dict:
+        """The settings ``ablation.json`` records (arms and reference are recorded on their own)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("arms", "reference", "progress")}
+
+    def train_config(self, data: str | Path, target_dir: str | Path, out: str | Path, seed: int, online: bool):
+        """The :class:`~kimi_eagle.eagle3.train.TrainConfig` of one drafter (resumable, quiet)."""
+        from kimi_eagle.eagle3.train import TrainConfig
+
+        return TrainConfig(data=str(data), target=str(target_dir), out=str(out), steps=self.steps, ttt_steps=self.ttt_steps,
+                           batch_size=self.batch_size, lr=self.lr, draft_vocab_size=self.draft_vocab_size, seed=seed,
+                           log_every=max(1, self.steps // 20), save_every=max(1, self.steps // 2), resume=True,
+                           progress=False, online=online)
 
 
 def run_ablation(target_dir: str | Path, rows: Mapping[str, str | Path], eval_prompts: Sequence[tuple[str, list[int]]],
-                 out: str | Path, arms: Sequence[Arm] = DEFAULT_ARMS, settings: AblationSettings = AblationSettings(),
-                 reference: str = REFERENCE, progress: bool = False) -> dict:
-    """Run every arm × seed (resuming what is done) and return ``{"arms", "table", "data", "settings"}``.
+                 out: str | Path, settings: AblationSettings = AblationSettings()) -> dict:
+    """Run every arm × seed of ``settings`` (resuming what is done) and return ``{"arms", "table", "data",
+    "settings"}``.
 
     ``rows`` maps ``engine`` and ``recon`` to row files (what ``kimi-eagle extract`` reads);
     ``eval_prompts`` are ``(id, prompt_ids)`` held out from training. ``table`` has one entry per arm and
@@ -129,63 +148,19 @@ def run_ablation(target_dir: str | Path, rows: Mapping[str, str | Path], eval_pr
     Files: ``rows/``, ``hidden/<data>-<dtype>/``, ``train/<arm>/seed<s>/``, ``eval/<arm>/seed<s>.json``,
     ``ablation.json``.
     """
-    from kimi_eagle.eagle3.evaluate import evaluate_drafter
-    from kimi_eagle.eagle3.resegment import inject_rows
-    from kimi_eagle.eagle3.train import TrainConfig, train_drafter
-    from kimi_eagle.tokenize.tokenizer import HFTokenizer
-
-    out = Path(out)
-    model = load_target(target_dir)
-    base_rows = {name: load_rows(path)[0] for name, path in rows.items()}
-    data: dict[str, dict] = {}
-    row_files: dict[str, Path] = {}
-    tok = None
-    for arm in arms:
-        key = arm.data_key
-        if key in row_files:
-            continue
-        these: list[Row] = base_rows[arm.ids]
-        info: dict = {"rows": len(these), "completion_tokens": sum(sum(r.loss_mask) for r in these)}
-        if arm.inject_rate:
-            tok = tok or HFTokenizer.from_dir(target_dir)
-            these, info = inject_rows(these, tok, arm.inject_rate, settings.inject_seed)
-            info["rows"] = len(these)
-        row_files[key] = out / "rows" / f"{_slug(key)}.jsonl"
-        write_jsonl(row_files[key], [{"id": r.id, "input_ids": r.input_ids, "loss_mask": r.loss_mask} for r in these])
-        data[key] = info
-    hidden_dirs: dict[tuple[str, str], Path] = {}
-    for arm in arms:
-        if arm.storage == "online" or (arm.data_key, arm.storage) in hidden_dirs:
-            continue
-        hdir = out / "hidden" / f"{_slug(arm.data_key)}-{arm.storage}"
-        these, skipped = load_rows(row_files[arm.data_key])
-        m = extract(target_dir, these, hdir, dtype=arm.storage, skipped=skipped, model=model)
-        data[arm.data_key][f"{arm.storage}_bytes_per_token"] = m["bytes_per_token"]
-        data[arm.data_key][f"{arm.storage}_payload_bytes_per_token"] = m["payload_bytes_per_token"]
-        hidden_dirs[(arm.data_key, arm.storage)] = hdir
     s = settings
-    per_arm: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-    jobs = [(arm, seed) for arm in arms for seed in s.seeds]
+    run = _Experiment(target_dir, eval_prompts, Path(out), s)
+    run.write_arm_rows(rows)
+    run.extract_arm_hidden()
+    per_arm: dict[str, dict[str, tuple[list, list]]] = {}
+    jobs = [(arm, seed) for arm in s.arms for seed in s.seeds]
     bar = None
-    if progress:
+    if s.progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(jobs), desc="ablation", unit="drafter")
     for arm, seed in jobs:
-        train_dir = out / "train" / _slug(arm.name) / f"seed{seed}"
-        eval_path = out / "eval" / _slug(arm.name) / f"seed{seed}.json"
-        if not eval_path.exists():
-            cfg = TrainConfig(
-                data=str(row_files[arm.data_key] if arm.storage == "online" else hidden_dirs[(arm.data_key, arm.storage)]),
-                target=str(target_dir), out=str(train_dir), steps=s.steps, ttt_steps=s.ttt_steps, batch_size=s.batch_size,
-                lr=s.lr, draft_vocab_size=s.draft_vocab_size, seed=seed, log_every=max(1, s.steps // 20),
-                save_every=max(1, s.steps // 2), resume=True, progress=False, online=arm.storage == "online")
-            train_drafter(cfg)
-            report = evaluate_drafter(target_dir, train_dir / "drafter", eval_prompts, k=s.k, max_new_tokens=s.max_new_tokens,
-                                      temperatures=s.temperatures, seed=seed, ngram=False, model=model)
-            write_json(eval_path, report, indent=1)
-        report = json.loads(eval_path.read_text())
-        for mode, entry in report["methods"]["eagle3"].items():
+        for mode, entry in run.train_and_evaluate(arm, seed)["methods"]["eagle3"].items():
             acc, rnd = per_arm.setdefault(arm.name, {}).setdefault(mode, ([], []))
             acc.append(entry["per_prompt_accepted"])
             rnd.append(entry["per_prompt_rounds"])
@@ -193,78 +168,91 @@ def run_ablation(target_dir: str | Path, rows: Mapping[str, str | Path], eval_pr
             bar.update(1)
     if bar is not None:
         bar.close()
+    result = {"reference": s.reference, "arms": [asdict(a) for a in s.arms], "settings": s.record(), "data": run.data,
+              "n_eval_prompts": len(eval_prompts), "table": _arm_table(per_arm, s)}
+    write_json(Path(out) / "ablation.json", result, indent=1)
+    return result
+
+
+class _Experiment:
+    """The files of one ablation under ``out`` and the target model every step shares."""
+
+    def __init__(self, target_dir: str | Path, eval_prompts: Sequence[tuple[str, list[int]]], out: Path,
+                 settings: AblationSettings):
+        self.target_dir, self.eval_prompts, self.out, self.settings = target_dir, eval_prompts, out, settings
+        self.model = load_target(target_dir)
+        self.row_files: dict[str, Path] = {}  # data key -> training rows
+        self.data: dict[str, dict] = {}  # data key -> facts about its rows (ablation.json's "data")
+        self.hidden_dirs: dict[tuple[str, str], Path] = {}  # (data key, storage) -> stored hidden states
+
+    def write_arm_rows(self, rows: Mapping[str, str | Path]) -> None:
+        """Each arm's training rows as ``out/rows/<data>.jsonl`` (re-segmentations injected where the arm asks)."""
+        from kimi_eagle.eagle3.resegment import inject_rows
+        from kimi_eagle.tokenize.tokenizer import HFTokenizer
+
+        base_rows = {name: load_rows(path)[0] for name, path in rows.items()}
+        tok = None
+        for arm in self.settings.arms:
+            key = arm.data_key
+            if key in self.row_files:
+                continue
+            these: list[Row] = base_rows[arm.ids]
+            info: dict = {"rows": len(these), "completion_tokens": sum(sum(r.loss_mask) for r in these)}
+            if arm.inject_rate:
+                tok = tok or HFTokenizer.from_dir(self.target_dir)
+                these, info = inject_rows(these, tok, arm.inject_rate, self.settings.inject_seed)
+                info["rows"] = len(these)
+            self.row_files[key] = self.out / "rows" / f"{_slug(key)}.jsonl"
+            write_jsonl(self.row_files[key], [{"id": r.id, "input_ids": r.input_ids, "loss_mask": r.loss_mask} for r in these])
+            self.data[key] = info
+
+    def extract_arm_hidden(self) -> None:
+        """The stored hidden states of every (data, storage) pair an arm reads (online arms store none),
+        under ``out/hidden/<data>-<dtype>/``; their bytes per token are added to :attr:`data`."""
+        for arm in self.settings.arms:
+            if arm.storage == "online" or (arm.data_key, arm.storage) in self.hidden_dirs:
+                continue
+            hdir = self.out / "hidden" / f"{_slug(arm.data_key)}-{arm.storage}"
+            these, skipped = load_rows(self.row_files[arm.data_key])
+            m = extract(self.target_dir, these, hdir, dtype=arm.storage, skipped=skipped, model=self.model)
+            self.data[arm.data_key][f"{arm.storage}_bytes_per_token"] = m["bytes_per_token"]
+            self.data[arm.data_key][f"{arm.storage}_payload_bytes_per_token"] = m["payload_bytes_per_token"]
+            self.hidden_dirs[(arm.data_key, arm.storage)] = hdir
+
+    def train_and_evaluate(self, arm: Arm, seed: int) -> dict:
+        """One drafter of ``arm`` trained with ``seed`` (:func:`~kimi_eagle.eagle3.train.train_drafter`) and
+        its evaluation report, kept in ``out/eval/<arm>/seed<s>.json``: a finished evaluation is read back."""
+        from kimi_eagle.eagle3.evaluate import EvaluateOptions, evaluate_drafter
+        from kimi_eagle.eagle3.train import train_drafter
+
+        s, online = self.settings, arm.storage == "online"
+        train_dir = self.out / "train" / _slug(arm.name) / f"seed{seed}"
+        eval_path = self.out / "eval" / _slug(arm.name) / f"seed{seed}.json"
+        if not eval_path.exists():
+            train_data = self.row_files[arm.data_key] if online else self.hidden_dirs[(arm.data_key, arm.storage)]
+            train_drafter(s.train_config(train_data, self.target_dir, train_dir, seed, online=online))
+            options = EvaluateOptions(k=s.k, max_new_tokens=s.max_new_tokens, temperatures=s.temperatures, seed=seed, ngram=False)
+            report = evaluate_drafter(self.target_dir, train_dir / "drafter", self.eval_prompts, options, model=self.model)
+            write_json(eval_path, report, indent=1)
+        return json.loads(eval_path.read_text())
+
+
+def _arm_table(per_arm: Mapping[str, Mapping[str, tuple[list, list]]], settings: AblationSettings) -> list[dict]:
+    """One row per arm and decoding mode: its pooled τ with the bootstrap interval and, except for the
+    reference arm, the paired difference to the reference (:func:`bootstrap_tau`)."""
     arrays = {a: {m: (np.array(v[0]), np.array(v[1])) for m, v in modes.items()} for a, modes in per_arm.items()}
     table = []
-    for arm in arms:
+    for arm in settings.arms:
         for mode, (acc, rnd) in arrays[arm.name].items():
-            ref = arrays[reference][mode] if arm.name != reference else None
-            stats = bootstrap_tau(acc, rnd, ref, n_boot=s.n_boot)
+            ref = arrays[settings.reference][mode] if arm.name != settings.reference else None
+            stats = bootstrap_tau(acc, rnd, ref, n_boot=settings.n_boot)
             table.append({"arm": arm.name, "mode": mode, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()},
                           "inject_rate": arm.inject_rate, "storage": arm.storage, "ids": arm.ids,
                           "n_seeds": int(acc.shape[0]), "n_prompts": int(acc.shape[1])})
-    result = {"reference": reference, "arms": [asdict(a) for a in arms], "settings": asdict(s), "data": data,
-              "n_eval_prompts": len(eval_prompts), "table": table}
-    write_json(out / "ablation.json", result, indent=1)
-    return result
+    return table
 
 
 def first_significant_rate(table: Sequence[Mapping], mode: str) -> float | None:
     """The smallest injected rate whose τ loss against the reference is significant (interval below 0)."""
     rates = sorted((r["inject_rate"], r) for r in table if r["mode"] == mode and r["inject_rate"] > 0)
     return next((rate for rate, r in rates if r.get("significant") and r["delta_hi"] < 0), None)
-
-
-# ------------------------------------------------------------------------------------------
-# charts
-
-
-def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None) -> "Figure":
-    """τ per arm with its 95 % bootstrap interval, one panel per decoding mode; also written to ``path``.
-
-    A standalone ``Figure`` (no pyplot state): display it, or it is simply garbage-collected."""
-    from matplotlib.figure import Figure
-
-    modes = list(dict.fromkeys(r["mode"] for r in table))
-    fig = Figure(figsize=(5.5 * len(modes), 3.8))
-    axes = fig.subplots(1, len(modes), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        rows = [r for r in table if r["mode"] == mode]
-        y = np.arange(len(rows))[::-1]
-        taus = np.array([r["tau"] for r in rows])
-        err = np.array([[r["tau"] - r["lo"] for r in rows], [r["hi"] - r["tau"] for r in rows]])
-        colors = ["#c0392b" if r.get("significant") else "C0" for r in rows]
-        ax.errorbar(taus, y, xerr=err, fmt="none", ecolor="#555", capsize=3)
-        ax.scatter(taus, y, c=colors, zorder=3)
-        ax.set_yticks(y, [r["arm"] for r in rows], fontsize=8)
-        ax.set(xlabel="acceptance length τ (95% bootstrap interval)", title=f"{mode}")
-    fig.suptitle(title or "τ per arm (red: differs significantly from the reference)", fontsize=10)
-    fig.tight_layout()
-    return _saved(fig, path)
-
-
-def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", title: str = "",
-                       path: str | Path | None = None) -> "Figure":
-    """τ against the injected re-segmentation rate (0 = the plain reconstructed-IDs arm), one line per
-    decoding mode, with 95 % intervals; also written to ``path`` (a standalone ``Figure``)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.6))
-    ax = fig.subplots()
-    for i, mode in enumerate(dict.fromkeys(r["mode"] for r in table)):
-        rows = sorted((r for r in table if r["mode"] == mode and r["ids"] == reference_ids and r["storage"] == "bf16"),
-                      key=lambda r: r["inject_rate"])
-        x = [100 * r["inject_rate"] for r in rows]
-        ax.errorbar(x, [r["tau"] for r in rows], yerr=[[r["tau"] - r["lo"] for r in rows], [r["hi"] - r["tau"] for r in rows]],
-                    marker="o", capsize=3, color=f"C{i}", label=mode)
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set(xlabel="completion tokens re-segmented (%)", ylabel="τ (95% bootstrap interval)",
-           title=title or "τ against injected tokenization drift")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _saved(fig, path)
-
-
-def _saved(fig: "Figure", path: str | Path | None) -> "Figure":
-    if path is not None:
-        write_figure(fig, path, dpi=110)
-    return fig

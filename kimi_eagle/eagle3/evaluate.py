@@ -15,8 +15,9 @@ in K2.5 with the generation prompt, and every prompt is mapped to the model's ro
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -25,17 +26,16 @@ from kimi_eagle.eagle3.model import load_drafter
 from kimi_eagle.eagle3.row_space import id_space, model_ids, target_id_map
 from kimi_eagle.eagle3.speculative import (
     CachedTarget,
+    DecodeOptions,
     EagleProposer,
     NgramProposer,
+    Proposer,
     Target,
     generate_target_only,
     speculative_generate,
 )
-from kimi_eagle.io import read_jsonl, write_figure
+from kimi_eagle.io import read_jsonl
 from kimi_eagle.tokenize.tokenizer import HFTokenizer
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 METHOD_LABELS = {"eagle3": "EAGLE-3", "ngram": "n-gram (prompt lookup)"}
 
@@ -46,7 +46,7 @@ def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, li
     target with a row map the IDs are its rows (see the module docstring)."""
     path = Path(path)
     if path.is_dir():  # hidden states already hold the target's input IDs (rows for a row-mapped target)
-        from kimi_eagle.eagle3.layouts import prompts_from_hidden
+        from kimi_eagle.eagle3.readers import prompts_from_hidden
 
         return prompts_from_hidden(path, target_dir)
     id_map = target_id_map(target_dir)
@@ -119,62 +119,90 @@ def _eos_id(model) -> int | None:
     return eos[0] if isinstance(eos, (list, tuple)) else eos
 
 
-def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]], *,
-                     k: int = 4, max_new_tokens: int = 64, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
-                     ngram: bool = True, model=None, drafter=None, cached: bool = True,
-                     cached_drafter: bool | None = None) -> dict:
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """How :func:`evaluate_drafter` measures: ``k`` drafts per round, at most ``max_new_tokens`` per prompt,
+    each of ``temperatures`` (0 = greedy) with a generator seeded with ``seed``; ``ngram``: also the
+    prompt-lookup baseline. ``cached``: verify against a KV-cached target (default) or re-run the whole
+    sequence each round (the reference); ``cached_drafter`` (default: as ``cached``): keep the drafter's
+    step-0 keys/values between rounds."""
+
+    k: int = 4
+    max_new_tokens: int = 64
+    temperatures: Sequence[float] = (0.0, 1.0)
+    seed: int = 0
+    ngram: bool = True
+    cached: bool = True
+    cached_drafter: bool | None = None
+
+    @property
+    def drafter_cached(self) -> bool:
+        return self.cached if self.cached_drafter is None else self.cached_drafter
+
+
+def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]],
+                     options: EvaluateOptions = EvaluateOptions(), *, model=None, drafter=None) -> dict:
     """Acceptance length of each method at each temperature; returns a JSON-able report.
 
     ``report["methods"][method][mode]`` holds ``tau``, ``rounds``, ``accepted``, ``tokens``, timings
     and per-prompt τ; ``mode`` is ``greedy`` (temperature 0, plus ``identical_to_target_greedy``) or
-    ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given) and ``ngram``. ``cached``: verify
-    against a KV-cached target (default) or re-run the whole sequence each round (the reference);
-    ``cached_drafter`` (default: as ``cached``): keep the drafter's step-0 keys/values between rounds.
+    ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given: ``drafter``, or loaded from
+    ``draft_dir``) and ``ngram`` (``options.ngram``). ``model``: the loaded target (default: loaded here).
     """
     model = model if model is not None else load_target(target_dir)
     eos = _eos_id(model)
-    proposers = []
-    verifier = CachedTarget if cached else Target
     if drafter is None and draft_dir is not None:
         drafter = load_drafter(draft_dir, target_dir)
     if drafter is not None:
         drafter.eval()
-        cached_drafter = cached if cached_drafter is None else cached_drafter
-        proposers.append((EagleProposer(drafter, cached=cached_drafter), verifier(model, drafter.config.aux_layer_ids)))
-    if ngram:
-        proposers.append((NgramProposer(model.config.vocab_size), verifier(model)))
-    references = {pid: generate_target_only(model, ids, max_new_tokens, 0.0, eos) for pid, ids in prompts} if 0.0 in temperatures else {}
-    report: dict = {"k": k, "max_new_tokens": max_new_tokens, "n_prompts": len(prompts), "kv_cache": cached,
-                    "drafter_kv_cache": bool(drafter is not None and cached_drafter),
+    references = ({pid: generate_target_only(model, ids, options.max_new_tokens, 0.0, eos) for pid, ids in prompts}
+                  if 0.0 in options.temperatures else {})
+    report: dict = {"k": options.k, "max_new_tokens": options.max_new_tokens, "n_prompts": len(prompts),
+                    "kv_cache": options.cached, "drafter_kv_cache": bool(drafter is not None and options.drafter_cached),
                     "token_ids": id_space(target_id_map(target_dir)), "methods": {}}
-    for proposer, target in proposers:
-        per_method = {}
-        for temperature in temperatures:
-            g = torch.Generator().manual_seed(seed)
-            accepted = rounds = tokens = identical = 0
-            taus, seconds, per_accepted, per_rounds = [], 0.0, [], []
-            for pid, ids in prompts:
-                r = speculative_generate(target, proposer, ids, max_new_tokens, k, temperature, eos, g)
-                accepted += sum(r.accepted)
-                rounds += r.rounds
-                tokens += len(r.tokens)
-                seconds += r.seconds
-                taus.append(r.tau)
-                per_accepted.append(sum(r.accepted))
-                per_rounds.append(r.rounds)
-                if temperature == 0.0:
-                    identical += r.tokens == references[pid]
-            entry = {"tau": round((accepted + rounds) / rounds, 4) if rounds else None, "rounds": rounds,
-                     "accepted": accepted, "tokens": tokens, "seconds": round(seconds, 3),
-                     "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-                     "per_prompt_tau": [round(t, 3) for t in taus], "per_prompt_accepted": per_accepted,
-                     "per_prompt_rounds": per_rounds}
-            if temperature == 0.0:
-                entry["identical_to_target_greedy"] = f"{identical}/{len(prompts)}"
-            per_method["greedy" if temperature == 0.0 else f"t={temperature:g}"] = entry
-        report["methods"][proposer.name] = per_method
+    for proposer, target in _proposers(model, drafter, options):
+        report["methods"][proposer.name] = {
+            _mode(t): _measure(target, proposer, prompts, DecodeOptions(options.max_new_tokens, options.k, t, eos),
+                               options.seed, references)
+            for t in options.temperatures}
         target.close()
     return report
+
+
+def _proposers(model, drafter, options: EvaluateOptions) -> list[tuple[Proposer, Target | CachedTarget]]:
+    """Each method's proposer with its own verifier (the EAGLE-3 one records the drafter's aux layers)."""
+    verifier = CachedTarget if options.cached else Target
+    proposers: list[tuple[Proposer, Target | CachedTarget]] = []
+    if drafter is not None:
+        proposers.append((EagleProposer(drafter, cached=options.drafter_cached), verifier(model, drafter.config.aux_layer_ids)))
+    if options.ngram:
+        proposers.append((NgramProposer(model.config.vocab_size), verifier(model)))
+    return proposers
+
+
+def _mode(temperature: float) -> str:
+    return "greedy" if temperature == 0.0 else f"t={temperature:g}"
+
+
+def _measure(target: Target | CachedTarget, proposer: Proposer, prompts: Sequence[tuple[str, list[int]]],
+             decode: DecodeOptions, seed: int, references: Mapping[str, list[int]]) -> dict:
+    """One method at one temperature over every prompt (one generator seeded with ``seed``): the report entry."""
+    g = torch.Generator().manual_seed(seed)
+    results = [(pid, speculative_generate(target, proposer, ids, decode, g)) for pid, ids in prompts]
+    accepted = sum(sum(r.accepted) for _, r in results)
+    rounds = sum(r.rounds for _, r in results)
+    tokens = sum(len(r.tokens) for _, r in results)
+    seconds = sum(r.seconds for _, r in results)
+    entry = {"tau": round((accepted + rounds) / rounds, 4) if rounds else None, "rounds": rounds,
+             "accepted": accepted, "tokens": tokens, "seconds": round(seconds, 3),
+             "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+             "per_prompt_tau": [round(r.tau, 3) for _, r in results],
+             "per_prompt_accepted": [sum(r.accepted) for _, r in results],
+             "per_prompt_rounds": [r.rounds for _, r in results]}
+    if decode.temperature == 0.0:
+        identical = sum(r.tokens == references[pid] for pid, r in results)
+        entry["identical_to_target_greedy"] = f"{identical}/{len(prompts)}"
+    return entry
 
 
 def tau_table(reports: Mapping[str, dict]) -> dict[str, dict]:
@@ -213,42 +241,3 @@ def tau_intervals(reports: Mapping[str, dict], z: float = 1.96) -> dict[str, dic
                     row[mode] = (max(1.0, entry["tau"] - z * se), entry["tau"] + z * se)
             out[label] = row
     return out
-
-
-def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
-             path: str | Path | None = None, intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
-             model: str = "") -> "Figure":
-    """Grouped bars of τ per decoding mode, one bar per row of a :func:`tau_table`, with error bars from
-    ``intervals`` (:func:`tau_intervals`) where given; ``model`` (the target) is named in the title. Also
-    written to ``path`` (PNG, atomically) when given. Returns the figure (not registered with pyplot)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.5, 3.9))
-    ax = fig.subplots()
-    width = 0.8 / max(1, len(table))
-    for i, (label, row) in enumerate(table.items()):
-        heights = [row[m] for m in modes]
-        err = None
-        if intervals and label in intervals:
-            ci = [intervals[label].get(m) for m in modes]
-            err = [[h - c[0] if c else 0.0 for h, c in zip(heights, ci)], [c[1] - h if c else 0.0 for h, c in zip(heights, ci)]]
-        bars = ax.bar([j + width * i for j in range(len(modes))], heights, width=width, label=label, yerr=err,
-                      capsize=3, error_kw={"ecolor": "#333", "elinewidth": 0.9})
-        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2, label_type="center", color="white")
-    ax.set_xticks([j + width * (len(table) - 1) / 2 for j in range(len(modes))], list(modes))
-    ax.axhline(1, color="#999", linewidth=0.8)
-    ax.margins(y=0.12)
-    heading = title or "acceptance length τ"
-    if model:
-        heading = f"{heading} — target {model}"
-    if intervals:
-        heading += " (error bars: 95% interval over prompts)"
-    import textwrap
-
-    ax.set_title("\n".join(textwrap.wrap(heading, 80)), fontsize=10)
-    ax.set(xlabel="decoding", ylabel="acceptance length τ")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    if path is not None:
-        write_figure(fig, path, dpi=110)
-    return fig

@@ -227,18 +227,31 @@ def verify(p: torch.Tensor, q: torch.Tensor, draft: int, generator: torch.Genera
     return int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), False
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How :func:`speculative_generate` decodes: at most ``max_new_tokens`` new tokens, chains of at most
+    ``k`` drafts per round, sampling ``temperature`` (0: greedy), stopping after ``eos_id``."""
+
+    max_new_tokens: int
+    k: int = 4
+    temperature: float = 0.0
+    eos_id: int | None = None
+
+
 @torch.inference_mode()
 def speculative_generate(target: Target | CachedTarget, proposer: Proposer, prompt_ids: Sequence[int],
-                         max_new_tokens: int, k: int = 4, temperature: float = 0.0, eos_id: int | None = None,
-                         generator: torch.Generator | None = None) -> DecodeResult:
+                         options: DecodeOptions, generator: torch.Generator | None = None) -> DecodeResult:
+    """Draft, verify and accept until ``options.max_new_tokens`` tokens or EOS; the tokens are distributed
+    exactly as target-only decoding's (identical to it at temperature 0). ``generator`` drives sampling."""
     start = time.perf_counter()
+    max_new, temperature, eos_id = options.max_new_tokens, options.temperature, options.eos_id
     ids = list(prompt_ids)
     n_prompt = len(ids)
     ids.append(sample(target.start(ids), temperature, generator))  # prefill: the first token is the target's own
     result = DecodeResult([])
-    while len(ids) - n_prompt < max_new_tokens and ids[-1] != eos_id:
-        budget = max_new_tokens - (len(ids) - n_prompt) - 1
-        drafts, dists = proposer.propose(ids, target.aux, min(k, budget), temperature, generator) if budget > 0 else ([], [])
+    while len(ids) - n_prompt < max_new and ids[-1] != eos_id:
+        budget = max_new - (len(ids) - n_prompt) - 1
+        drafts, dists = proposer.propose(ids, target.aux, min(options.k, budget), temperature, generator) if budget > 0 else ([], [])
         n = len(ids)
         logits = target.extend(ids, drafts)  # logits[j] is the target at position n - 1 + j
         accepted = 0
@@ -259,6 +272,6 @@ def speculative_generate(target: Target | CachedTarget, proposer: Proposer, prom
     out = ids[n_prompt:]
     if eos_id in out:
         out = out[: out.index(eos_id) + 1]
-    result.tokens = out[:max_new_tokens]
+    result.tokens = out[:max_new]
     result.seconds = time.perf_counter() - start
     return result

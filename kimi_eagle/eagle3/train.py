@@ -24,24 +24,23 @@ import os
 import pickle
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from kimi_eagle.eagle3 import draft_vocab
-from kimi_eagle.eagle3.layouts import open_hidden_states
 from kimi_eagle.eagle3.model import Eagle3Drafter, shift_left, target_tensor
+from kimi_eagle.eagle3.readers import open_hidden_states
 from kimi_eagle.eagle3.row_space import id_space, target_id_map
-from kimi_eagle.io import JsonlAppender, atomic_path, read_jsonl, write_figure, write_json, write_jsonl
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from kimi_eagle.io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
 
 
 @dataclass
@@ -167,17 +166,18 @@ def _set_rng_state(state: dict) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
-def save_checkpoint(path: Path, drafter, optimizer, scheduler, step: int, cfg: TrainConfig, vocab_report: dict) -> None:
-    """Everything a resumed run needs (weights, optimizer, scheduler, RNG states, step), written atomically."""
-    state = {
-        "model": drafter.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "step": step, "rng": _rng_state(), "config": asdict(cfg), "draft_vocab": vocab_report,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint :meth:`Trainer.save_checkpoint` wrote, read with ``weights_only``: a planted file
+    cannot run code; it is refused with a ValueError naming the reason."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: refused to load the checkpoint (only tensors and plain data are "
+                         f"accepted): {str(e).splitlines()[0]}") from None
 
 
 def param_digest(module: nn.Module) -> str:
+    """SHA-256 over a module's state dict (names and bytes, sorted by name)."""
     h = hashlib.sha256()
     for name, t in sorted(module.state_dict().items()):
         h.update(name.encode())
@@ -189,144 +189,244 @@ def param_digest(module: nn.Module) -> str:
 # training
 
 
-def _lr_lambda(steps: int, warmup: float):
+def lr_schedule(steps: int, warmup: float) -> Callable[[int], float]:
+    """The learning-rate factor of each optimizer step (for ``LambdaLR``): a linear warmup to 1 over the
+    first ``max(1, int(steps * warmup))`` steps, then a cosine down to 0.1 at ``steps`` (and 0.1 after)."""
     w = max(1, int(steps * warmup))
 
-    def f(step: int) -> float:
+    def factor(step: int) -> float:
         if step < w:
             return (step + 1) / w
         progress = (step - w) / max(1, steps - w)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-    return f
+    return factor
 
 
-def train_drafter(cfg: TrainConfig) -> dict:
-    """Train (or resume) and return the summary; rank 0 writes ``out/drafter``, logs, plot and metrics.
-
-    Files in ``cfg.out``: ``train_log.jsonl`` (one line per ``log_every`` steps, see :func:`read_history`),
-    ``checkpoint/last.pt``, ``train_curves.png``, ``train_metrics.json`` (the summary), ``drafter/``
-    once every step is done, and ``ddp_rank<r>.json`` per process under DDP.
-    """
-    import torch.distributed as dist
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    distributed = world > 1
-    owns_group = distributed and not dist.is_initialized()  # torchrun started us: the group is ours to end
-    if owns_group:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if distributed else 0
-    out = Path(cfg.out)
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-
+def open_training_data(cfg: TrainConfig):
+    """The rows ``cfg`` trains on: stored hidden states of any layout (kit shards, speculators or SpecForge
+    files), or with ``cfg.online`` an :class:`~kimi_eagle.eagle3.online.OnlineHiddenStates` over rows."""
     if cfg.online:
         from kimi_eagle.eagle3.online import OnlineHiddenStates
 
-        data = OnlineHiddenStates(cfg.target, cfg.data, cfg.layer_ids)
-        token_rows = data.token_rows()
-    else:
-        data = open_hidden_states(cfg.data, cfg.target)  # kit shards, speculators or SpecForge files
-        token_rows = data.token_rows() if hasattr(data, "token_rows") else ((r["input_ids"], r["loss_mask"]) for r in data)
+        return OnlineHiddenStates(cfg.target, cfg.data, cfg.layer_ids)
+    return open_hidden_states(cfg.data, cfg.target)
+
+
+def draft_vocabulary(data, size: int) -> draft_vocab.DraftVocab:
+    """The ``size`` (at most the vocabulary) most supervised tokens of ``data``'s rows."""
+    token_rows = data.token_rows() if hasattr(data, "token_rows") else ((r["input_ids"], r["loss_mask"]) for r in data)
     counts = draft_vocab.supervised_counts(token_rows, data.manifest["vocab_size"])
-    vocab = draft_vocab.build(counts, min(cfg.draft_vocab_size, int(counts.numel())))
-    target_config = SimpleNamespace(**json.loads((Path(cfg.target) / "config.json").read_text()))  # no transformers import
-    lm_head = target_tensor(cfg.target, "lm_head.weight")
-    drafter = Eagle3Drafter.from_target_weights(target_config, target_tensor(cfg.target, "embed_tokens.weight"),
-                                                lm_head, vocab, data.layer_ids, seed=cfg.seed)
-    module = TTTLoss(drafter, lm_head[vocab.draft_to_target].float(), cfg.ttt_steps, cfg.step_weight)
-    trainable = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.steps, cfg.warmup))
-    ckpt_path = out / "checkpoint" / "last.pt"
-    step = 0
-    if cfg.resume and ckpt_path.exists():
-        try:  # weights_only: a planted last.pt cannot run code; it is refused with the reason
-            state = torch.load(ckpt_path, weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise ValueError(f"{ckpt_path}: refused to load the checkpoint (only tensors and plain data are "
-                             f"accepted): {str(e).splitlines()[0]}") from None
-        drafter.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
-        step = int(state["step"])
-    wrapped = module
-    if distributed:
-        from torch.nn.parallel import DistributedDataParallel
+    return draft_vocab.build(counts, min(size, int(counts.numel())))
 
-        wrapped = DistributedDataParallel(module, broadcast_buffers=False)
 
-    log_path = out / "train_log.jsonl"
-    log = None
-    if rank == 0:
-        history = [h for h in read_history(log_path) if h["step"] <= step] if step else []
-        write_jsonl(log_path, history)  # a resumed run drops what was logged after its checkpoint
-        log = JsonlAppender(log_path)
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    bar = None
-    if rank == 0 and cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=step, desc="train", unit="step")
-    window = torch.zeros(cfg.ttt_steps, 3)
-    seen: list[int] = []
-    start = time.perf_counter()
-    tokens = 0
+@contextmanager
+def process_group() -> Iterator[tuple[int, int]]:
+    """``(world size, rank)`` of this process. Under ``torchrun`` (``WORLD_SIZE`` > 1) a gloo group is
+    started here unless one exists, all ranks meet at a barrier on a normal exit, and a group started
+    here is ended (without that, gloo's threads may still run at exit and abort the process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    owns_group = world > 1 and not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo")
     try:
-        while step < end:
-            idx = batch_indices(len(data), cfg.batch_size, world, rank, step, cfg.seed)
-            seen.extend(idx)
-            batch = collate(data.batch(idx) if cfg.online else [data[i] for i in idx])
-            tokens += int(batch["input_ids"].numel())
-            loss, stats = wrapped(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            if distributed:
-                dist.all_reduce(stats)
-            window += stats
-            if step % cfg.log_every == 0 or step == end:
-                entry = _log_entry(step, window, scheduler.get_last_lr()[0])
-                window.zero_()
-                if log is not None:
-                    log.append(entry)
+        yield world, (dist.get_rank() if world > 1 else 0)
+        if world > 1:
+            dist.barrier()
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+class Trainer:
+    """One drafter's training run, owning its state: the drafter and its loss, the optimizer, the LR
+    schedule (:func:`lr_schedule`), the step (which is also the data position, see
+    :func:`batch_indices`), the history log and the checkpoints.
+
+    Construction builds everything from ``cfg`` (the draft vocabulary from the data, the drafter from the
+    target's weights) and, with ``cfg.resume``, continues from ``out/checkpoint/last.pt`` when it exists.
+    :meth:`run` trains up to :attr:`end_step`; :meth:`finish` writes the results and returns the summary.
+    ``world``/``rank``: this process under DDP (see :func:`process_group`); rank 0 writes the shared files.
+    """
+
+    def __init__(self, cfg: TrainConfig, world: int = 1, rank: int = 0):
+        self.cfg, self.world, self.rank = cfg, world, rank
+        self.out = Path(cfg.out)
+        if rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_path = self.out / "checkpoint" / "last.pt"
+        self.log_path = self.out / "train_log.jsonl"
+        self.data = open_training_data(cfg)
+        self.vocab = draft_vocabulary(self.data, cfg.draft_vocab_size)
+        self.drafter, self.loss = self._build_drafter()
+        self.trainable = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(cfg.steps, cfg.warmup))
+        self.step = 0
+        self.rows_seen: list[int] = []  # every row this rank trained on, in order
+        self.tokens = 0  # padded tokens this rank fed to the drafter
+        self.seconds = 0.0  # time spent in run()
+        if cfg.resume and self.checkpoint_path.exists():
+            self.resume(self.checkpoint_path)
+        self.module = self.loss
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.module = DistributedDataParallel(self.loss, broadcast_buffers=False)
+
+    def _build_drafter(self) -> tuple[Eagle3Drafter, TTTLoss]:
+        cfg = self.cfg
+        target_config = SimpleNamespace(**json.loads((Path(cfg.target) / "config.json").read_text()))  # no transformers import
+        lm_head = target_tensor(cfg.target, "lm_head.weight")
+        drafter = Eagle3Drafter.from_target_weights(target_config, target_tensor(cfg.target, "embed_tokens.weight"),
+                                                    lm_head, self.vocab, self.data.layer_ids, seed=cfg.seed)
+        return drafter, TTTLoss(drafter, lm_head[self.vocab.draft_to_target].float(), cfg.ttt_steps, cfg.step_weight)
+
+    @property
+    def end_step(self) -> int:
+        """Where :meth:`run` stops: ``cfg.steps``, or ``cfg.stop_after`` if that is sooner."""
+        return self.cfg.steps if self.cfg.stop_after is None else min(self.cfg.steps, self.cfg.stop_after)
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.cfg.steps
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path | None = None) -> None:
+        """Everything a resumed run needs (weights, optimizer, scheduler, RNG states, step, config, draft
+        vocabulary), written atomically to ``path`` (default: ``out/checkpoint/last.pt``)."""
+        state = {
+            "model": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": _rng_state(),
+            "config": asdict(self.cfg), "draft_vocab": self.vocab.report(),
+        }
+        with atomic_path(path if path is not None else self.checkpoint_path) as tmp:
+            torch.save(state, tmp)
+
+    def resume(self, path: str | Path) -> None:
+        """Continue from a checkpoint: weights, optimizer, scheduler, RNG states and step (data position)."""
+        state = load_checkpoint(path)
+        self.drafter.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        self.step = int(state["step"])
+
+    # -- the loop --------------------------------------------------------------------------
+    def batch_rows(self) -> list[int]:
+        """The rows this rank trains on at the current step."""
+        return batch_indices(len(self.data), self.cfg.batch_size, self.world, self.rank, self.step, self.cfg.seed)
+
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step on :meth:`batch_rows`; returns its per-unroll-step ``(weighted CE sum,
+        correct, supervised)`` [ttt_steps, 3], summed over ranks."""
+        rows = self.batch_rows()
+        self.rows_seen.extend(rows)
+        batch = collate(self.data.batch(rows) if self.cfg.online else [self.data[i] for i in rows])
+        self.tokens += int(batch["input_ids"].numel())
+        loss, stats = self.module(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        if self.world > 1:
+            dist.all_reduce(stats)
+        return stats
+
+    def run(self) -> None:
+        """Train from :attr:`step` to :attr:`end_step`. Rank 0 logs every ``log_every`` steps and at the end
+        (:func:`read_history` entries, appended to ``train_log.jsonl``; a resumed run first drops what was
+        logged after its checkpoint) and checkpoints every ``save_every`` steps and at the end."""
+        cfg, end = self.cfg, self.end_step
+        log = self._open_log() if self.rank == 0 else None
+        bar = self._progress_bar() if self.rank == 0 and cfg.progress else None
+        window = torch.zeros(cfg.ttt_steps, 3)
+        start = time.perf_counter()
+        try:
+            while self.step < end:
+                window += self.train_step()
+                if self.step % cfg.log_every == 0 or self.step == end:
+                    entry = _log_entry(self.step, window, self.scheduler.get_last_lr()[0])
+                    window.zero_()
+                    if log is not None:
+                        log.append(entry)
                     if bar is not None:
                         bar.set_postfix(loss=f"{entry['loss']:.3f}", acc0=f"{entry['acc'][0]:.2f}", tau=f"{entry['expected_tau']:.2f}")
-            if bar is not None:
-                bar.update(1)
-            if rank == 0 and (step % cfg.save_every == 0 or step == end):
-                save_checkpoint(ckpt_path, drafter, optimizer, scheduler, step, cfg, vocab.report())
-    finally:
-        if bar is not None:
-            bar.close()
-        if log is not None:
-            log.close()
-    seconds = time.perf_counter() - start
-    token_ids = id_space(target_id_map(cfg.target))  # a row-mapped target (tiny-kimi): the draft vocabulary is its rows
-    summary = {"step": step, "finished": step >= cfg.steps, "world_size": world, "online": cfg.online,
-               "token_ids": token_ids, "draft_vocab": vocab.report(),
-               "layer_ids": list(data.layer_ids), "data_skipped": data.manifest.get("read_skipped_by_reason", {}),
-               "train_tokens_per_s": round(tokens * world / seconds, 1) if seconds else None}
-    if distributed:
-        write_json(out / f"ddp_rank{rank}.json", {"rank": rank, "world_size": world, "rows": seen,
-                                                   "params_sha256": param_digest(drafter)}, indent=None)
-    if rank == 0:
-        history = read_history(log_path)
-        if history:
-            summary.update(final=history[-1])
-            _close(plot_history(history, out / "train_curves.png"))
-        if step >= cfg.steps:
-            drafter.save(out / "drafter", extra={"draft_vocab": vocab.report(), "training": asdict(cfg), "token_ids": token_ids})
-        write_json(out / "train_metrics.json", summary, indent=1)
-    if distributed:
-        dist.barrier()
-    if owns_group:  # without this, gloo's threads may still run at exit and abort the process
-        dist.destroy_process_group()
-    return summary
+                if bar is not None:
+                    bar.update(1)
+                if self.rank == 0 and (self.step % cfg.save_every == 0 or self.step == end):
+                    self.save_checkpoint()
+        finally:
+            for resource in (bar, log):
+                if resource is not None:
+                    resource.close()
+        self.seconds += time.perf_counter() - start
+
+    def _open_log(self) -> JsonlAppender:
+        history = [h for h in read_history(self.log_path) if h["step"] <= self.step] if self.step else []
+        write_jsonl(self.log_path, history)
+        return JsonlAppender(self.log_path)
+
+    def _progress_bar(self):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step")
+
+    # -- results ---------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """``step``, ``finished``, ``world_size``, ``online``, ``token_ids``, ``draft_vocab``, ``layer_ids``,
+        ``data_skipped`` and ``train_tokens_per_s`` (all ranks' tokens over :meth:`run`'s time)."""
+        return {"step": self.step, "finished": self.finished, "world_size": self.world, "online": self.cfg.online,
+                "token_ids": self.token_ids, "draft_vocab": self.vocab.report(),
+                "layer_ids": list(self.data.layer_ids), "data_skipped": self.data.manifest.get("read_skipped_by_reason", {}),
+                "train_tokens_per_s": round(self.tokens * self.world / self.seconds, 1) if self.seconds else None}
+
+    @property
+    def token_ids(self) -> str:
+        """The drafter's token-id space: a row-mapped target's (tiny-kimi) draft vocabulary is its rows."""
+        return id_space(target_id_map(self.cfg.target))
+
+    def save_drafter(self) -> Path:
+        """The drafter in ``out/drafter`` with its draft vocabulary, training config and token-id space."""
+        path = self.out / "drafter"
+        self.drafter.save(path, extra={"draft_vocab": self.vocab.report(), "training": asdict(self.cfg),
+                                       "token_ids": self.token_ids})
+        return path
+
+    def finish(self) -> dict:
+        """Write the results and return :meth:`summary` (rank 0: plus ``final``, the last log entry). Under
+        DDP every rank writes ``ddp_rank<r>.json`` (its rows and parameter digest); rank 0 writes
+        ``drafter/`` once every step is done and ``train_metrics.json`` (the summary)."""
+        summary = self.summary()
+        if self.world > 1:
+            write_json(self.out / f"ddp_rank{self.rank}.json", {"rank": self.rank, "world_size": self.world,
+                       "rows": self.rows_seen, "params_sha256": param_digest(self.drafter)}, indent=None)
+        if self.rank == 0:
+            history = read_history(self.log_path)
+            if history:
+                summary.update(final=history[-1])
+            if self.finished:
+                self.save_drafter()
+            write_json(self.out / "train_metrics.json", summary, indent=1)
+        if hasattr(self.data, "close"):
+            self.data.close()
+        return summary
+
+
+def train_drafter(cfg: TrainConfig) -> dict:
+    """Train (or with ``cfg.resume`` continue) a drafter with a :class:`Trainer` and return its summary.
+
+    Files in ``cfg.out``: ``train_log.jsonl`` (one line per ``log_every`` steps, see :func:`read_history`),
+    ``checkpoint/last.pt``, ``train_metrics.json`` (the summary), ``drafter/`` once every step is done,
+    and ``ddp_rank<r>.json`` per process under DDP (``torchrun``). Charts are drawn by the apps
+    (``kimi-eagle train`` draws ``train_curves.png`` from the log).
+    """
+    with process_group() as (world, rank):
+        trainer = Trainer(cfg, world, rank)
+        trainer.run()
+        return trainer.finish()
 
 
 def _log_entry(step: int, window: torch.Tensor, lr: float) -> dict:
@@ -344,68 +444,3 @@ def read_history(path: str | Path) -> list[dict]:
     if not Path(path).exists():
         return []
     return [line.obj for line in read_jsonl(path) if line.error is None]
-
-
-def plot_history(history: Sequence[dict], path: str | Path | None = None) -> "Figure":
-    """Loss and accuracy of every unroll step over one training run; also written to ``path`` (PNG,
-    atomically) when given. Returns the figure."""
-    from matplotlib.figure import Figure
-
-    steps = [h["step"] for h in history]
-    fig = Figure(figsize=(10, 3.6))
-    a1, a2 = fig.subplots(1, 2)
-    for k in range(len(history[0]["acc"])):
-        a1.plot(steps, [h["step_loss"][k] for h in history], label=f"step {k}", alpha=0.8)
-        a2.plot(steps, [h["acc"][k] for h in history], label=f"step {k}", alpha=0.8)
-    a1.set(title="soft cross-entropy per unroll step", xlabel="optimizer step", ylabel="loss")
-    a2.set(title="top-1 agreement with the target (draft vocab)", xlabel="optimizer step", ylabel="accuracy", ylim=(0, 1))
-    a2.legend(fontsize=7)
-    fig.tight_layout()
-    return _saved(fig, path)
-
-
-LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}  # one per run, in turn
-
-
-def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None) -> "Figure":
-    """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
-    per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
-    ``train_log.jsonl`` path or its :func:`read_history` entries. Also written to ``path`` (PNG,
-    atomically) when given. Returns the figure (not registered with pyplot). The first run is drawn wide and
-    translucent, later runs thin and opaque on top, so a dashed line stays visible where runs coincide."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.2))
-    a_loss, a_acc = fig.subplots(1, 2)
-    for i, (name, run) in enumerate(runs.items()):
-        history = read_history(run) if isinstance(run, (str, Path)) else list(run)
-        style = list(LINE_STYLES)[i % len(LINE_STYLES)]
-        look = {"linewidth": 3.0, "alpha": 0.45, "zorder": 2} if i == 0 else {"linewidth": 1.3, "alpha": 1.0, "zorder": 3 + i}
-        steps = [h["step"] for h in history]
-        a_loss.plot(steps, [h["loss"] for h in history], style, label=name, **look)
-        for k in range(len(history[0]["acc"]) if history else 0):
-            a_acc.plot(steps, [h["acc"][k] for h in history], style, color=f"C{k}",
-                       label=f"TTT step {k}" if i == 0 else None, **look)
-    styles = ", ".join(f"{list(LINE_STYLES.values())[i % len(LINE_STYLES)]}: {name}" for i, name in enumerate(runs))
-    a_loss.set(title="step-0 soft cross-entropy", xlabel="optimizer step")
-    a_acc.set(xlabel="optimizer step", ylim=(0, 1))
-    a_acc.set_title(f"agreement with the target\n({styles})", fontsize=10)
-    a_loss.legend()
-    a_acc.legend(fontsize=7, ncols=2)
-    fig.tight_layout()
-    return _saved(fig, path)
-
-
-def _saved(fig: "Figure", path: str | Path | None) -> "Figure":
-    if path is not None:
-        write_figure(fig, path, dpi=110)
-    return fig
-
-
-def _close(fig: "Figure") -> None:
-    """Release a figure made here (it is not registered with pyplot, so nothing else holds it)."""
-    fig.clear()
-
-
-# ------------------------------------------------------------------------------------------
-# command line

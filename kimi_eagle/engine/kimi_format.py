@@ -5,7 +5,7 @@ and parse the raw completion the way SGLang/vLLM's Kimi parsers do. Both already
 reconstruct stage (the K2.5 renderer, ``PieceEncoder``, and ``parse_completion``); this module is the
 engine's thin use of them, so the served model and the reconstruction speak exactly one format.
 
-- :func:`kimi_prompt_ids`: ``messages`` (+ ``tools``) -> the K2.5 prompt IDs with the generation
+- :meth:`KimiPromptRenderer.prompt_ids`: ``messages`` (+ ``tools``) -> the K2.5 prompt IDs with the generation
   prompt (``<|im_assistant|>assistant<|im_middle|><think>``), specials exactly where the format puts them.
 - :func:`kimi_chat_answer`: sampled IDs -> ``(message, finish_reason, reasoning_tokens, flags)``:
   reasoning, content and tool calls with the ids the model wrote, ``finish_reason``
@@ -20,9 +20,9 @@ from typing import Any, Sequence
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, parse_completion
+from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, ParseOptions, parse_completion
 from kimi_eagle.records import RecordError
-from kimi_eagle.tokenize.tokenizer import Tokenizer
+from kimi_eagle.tokenize.tokenizer import Tokenizer, special_id
 
 KIMI_CHAT_FORMAT = "kimi-k2.5"
 KIMI_STOP_TEXT = "<|im_end|>"
@@ -57,11 +57,6 @@ class KimiPromptRenderer:
         return ids
 
 
-def kimi_prompt_ids(tok: Tokenizer, messages: Any, tools: Any = None) -> list[int]:
-    """One-off :meth:`KimiPromptRenderer.prompt_ids` (a loop should keep one renderer)."""
-    return KimiPromptRenderer(tok).prompt_ids(messages, tools)
-
-
 @dataclass
 class KimiAnswer:
     """The API view of one sampled Kimi completion."""
@@ -75,7 +70,7 @@ class KimiAnswer:
 def reasoning_token_count(output_ids: Sequence[int], tok: Tokenizer) -> int:
     """IDs before ``</think>`` (or before the tool section when the model went straight to tools; all of them
     when it was cut off in reasoning): the count a Kimi server bills as ``reasoning_tokens``."""
-    ends = {tok.special_id_by_text[t] for t in (THINK_END, SECTION_BEGIN, KIMI_STOP_TEXT)}
+    ends = {special_id(tok, t) for t in (THINK_END, SECTION_BEGIN, KIMI_STOP_TEXT)}
     for k, i in enumerate(output_ids):
         if i in ends:
             return k
@@ -89,7 +84,7 @@ def kimi_chat_answer(output_ids: Sequence[int], tok: Tokenizer, engine_finish_re
     the ids the model wrote, a call never closed keeps its arguments). An engine ``length`` stop stays
     ``length``; an output ending in ``<|im_end|>`` is ``tool_calls`` when a call parsed, else ``stop``.
     """
-    parsed = parse_completion(list(output_ids), tok, format_name=KIMI_CHAT_FORMAT)
+    parsed = parse_completion(list(output_ids), tok, ParseOptions(format_name=KIMI_CHAT_FORMAT))
     finish = "length" if engine_finish_reason == "length" else parsed.finish_reason
     message = {"role": "assistant", "content": parsed.content, "refusal": None, "reasoning": parsed.reasoning}
     if parsed.tool_calls:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from kimi_eagle.engine.id_map import IdMap, IdMapError
-from kimi_eagle.tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer
+from kimi_eagle.tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer, special_id
 
 CHAT_FORMATS = ("plain", "hf-template", "kimi-k2.5")
 CHAT_FORMAT_ALIASES = {"template": "hf-template"}  # older names still accepted on input
@@ -224,7 +224,7 @@ class Engine:
         eos = config.eos_token_id
         id_map = IdMap.load(model_dir) if IdMap.present(model_dir) else None
         if id_map is not None:  # the config's ids are rows: the stop is Kimi's end of turn, the format K2.5
-            eos = tok.special_id_by_text["<|im_end|>"]
+            eos = special_id(tok, "<|im_end|>")
             chat_format = chat_format or "kimi-k2.5"
         eos_ids = list(stop_ids) if stop_ids else [eos] if isinstance(eos, int) else list(eos or [])
         if not eos_ids and isinstance(tok, HFTokenizer):

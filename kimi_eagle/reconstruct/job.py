@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -180,11 +180,11 @@ def _run_shard(job: tuple[int, str, int, int, int]) -> tuple[int, int]:
     return k, len(rows)
 
 
-def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, tool_declaration: str,
-              options: CompletionOptions, shard_size: int) -> dict:
+def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, job: JobOptions) -> dict:
+    """What a resumed run must share with the run it resumes: input (path, size, hash) and settings."""
     return {"input": str(in_path.resolve()), "size": in_path.stat().st_size, "sha256": sha256,
-            "tokenizer": str(Path(tokenizer_dir).resolve()),
-            "format": format_name, "tool_declaration": tool_declaration, "options": asdict(options), "shard_size": shard_size}
+            "tokenizer": str(Path(tokenizer_dir).resolve()), "format": format_name,
+            "tool_declaration": job.tool_declaration, "options": asdict(job.completion), "shard_size": job.shard_size}
 
 
 def _mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
@@ -244,6 +244,24 @@ class _Merger:
         self.writer.close()
 
 
+@dataclass(frozen=True)
+class JobOptions:
+    """How :func:`reconstruct_file` runs (defaults: one process, no resume, the official templates).
+
+    ``workers``: processes; ``resume``: keep the finished shards of an interrupted run with the same input
+    and settings; ``shard_size``: records per shard; ``progress``: a progress bar on stderr;
+    ``tool_declaration``: ``json`` or ``ts`` (Moonshot's TypeScript tool declaration);
+    ``completion``: how API fields become the completion (:class:`~kimi_eagle.chat.completion.CompletionOptions`).
+    """
+
+    workers: int = 1
+    resume: bool = False
+    shard_size: int = 256
+    progress: bool = True
+    tool_declaration: str = "json"
+    completion: CompletionOptions = ReconstructOptions()
+
+
 class NothingToProcess(ValueError):
     """The input holds no record at all (empty, or only blank lines)."""
 
@@ -288,10 +306,7 @@ def output_lock(out_path: Path) -> Iterator[None]:
 
 
 def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
-                     format_name: str, workers: int = 1, resume: bool = False,
-                     options: CompletionOptions = ReconstructOptions(), shard_size: int = 256,
-                     progress: bool = True, tool_declaration: str = "json",
-                     tokenizer: Tokenizer | None = None) -> StatusCounts:
+                     format_name: str, job: JobOptions = JobOptions(), tokenizer: Tokenizer | None = None) -> StatusCounts:
     """Reconstruct every record of ``in_path`` into ``out_path`` (parquet); returns status counts.
 
     Exactly one row per input record, in input order (a record is a non-blank line; a line holding
@@ -300,28 +315,29 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     writes); with ``resume`` the finished shards of an interrupted run with the same input and
     settings are kept, so a killed run resumed equals an uninterrupted one. Finished shards are
     streamed into the output in order while workers go on; the output appears atomically at the end.
-    ``tokenizer``: an already loaded tokenizer of ``tokenizer_dir`` (saves loading it again).
+    ``job``: workers, resume, shard size, progress bar, tool declaration and completion options
+    (:class:`JobOptions`). ``tokenizer``: an already loaded tokenizer of ``tokenizer_dir`` (saves loading it again).
     """
     in_path, out_path = Path(in_path), Path(out_path)
-    check_arguments(in_path, out_path, format_name, workers, shard_size)
+    check_arguments(in_path, out_path, format_name, job.workers, job.shard_size)
     tok = tokenizer or load_tokenizer(tokenizer_dir)
     with output_lock(out_path):
-        return _reconstruct_locked(in_path, out_path, tokenizer_dir, format_name, workers, resume, options, shard_size,
-                                   progress, tool_declaration, tok)
+        return _reconstruct_locked(in_path, out_path, tokenizer_dir, format_name, job, tok)
 
 
-def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.PathLike, format_name: str, workers: int,
-                        resume: bool, options: CompletionOptions, shard_size: int, progress: bool,
-                        tool_declaration: str, tok: Tokenizer) -> StatusCounts:
+def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.PathLike, format_name: str,
+                        job: JobOptions, tok: Tokenizer) -> StatusCounts:
+    """The run of :func:`reconstruct_file` once its arguments are checked and the output is locked."""
     from tqdm import tqdm
 
+    workers, options, shard_size = job.workers, job.completion, job.shard_size
     n_lines, starts, sha256 = _shard_starts(in_path, shard_size)
     if n_lines == 0:
         raise NothingToProcess(f"{in_path} is empty: no records to reconstruct")
     parts = out_path.with_name(out_path.name + ".parts")
-    manifest = _manifest(in_path, sha256, str(tokenizer_dir), format_name, tool_declaration, options, shard_size)
+    manifest = _manifest(in_path, sha256, str(tokenizer_dir), format_name, job)
     mpath = parts / "manifest.json"
-    if resume and parts.is_dir() and mpath.is_file():
+    if job.resume and parts.is_dir() and mpath.is_file():
         old = json.loads(mpath.read_text())
         if old != manifest:
             raise ValueError(f"cannot resume {out_path}: the input or settings changed since {parts} was written")
@@ -335,7 +351,7 @@ def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.P
     done = {int(p.stem.split("-")[1]) for p in parts.glob("shard-*.parquet")}
     n_shards = (n_lines + shard_size - 1) // shard_size
     jobs = ((k, str(in_path), offset, lineno, shard_size) for k, (offset, lineno) in enumerate(starts) if k not in done)
-    bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)
 
     def consume(results: Iterator[tuple[int, int]], merger: _Merger) -> None:
         for k in range(n_shards):
@@ -347,14 +363,14 @@ def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.P
 
     with atomic_path(out_path) as tmp, _Merger(parts, tmp) as merger:
         if workers <= 1:
-            _init_worker(str(tokenizer_dir), format_name, tool_declaration, options, str(parts), tok)
+            _init_worker(str(tokenizer_dir), format_name, job.tool_declaration, options, str(parts), tok)
             consume(map(_run_shard, jobs), merger)
         else:
             import multiprocessing as mp
 
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
             init_tok = tok if ctx.get_start_method() == "fork" else None
-            init_args = (str(tokenizer_dir), format_name, tool_declaration, options, str(parts), init_tok)
+            init_args = (str(tokenizer_dir), format_name, job.tool_declaration, options, str(parts), init_tok)
             with ctx.Pool(workers, _init_worker, init_args) as pool:
                 consume(pool.imap(_run_shard, jobs), merger)
     bar.close()

@@ -14,7 +14,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimi_eagle.chat.completion import SPAN_FIELDS, CompletionOptions, ToolCall, Turn, resolve_truncation
+from kimi_eagle.chat.completion import (
+    CONVENTION_FLAGS,
+    SPAN_FIELDS,
+    CompletionOptions,
+    ToolCall,
+    Turn,
+    resolve_truncation,
+)
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
@@ -23,6 +30,14 @@ from kimi_eagle.records import RecordError, check_id, count_field, printable_id,
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 FINISH_REASONS = ("stop", "tool_calls", "length")
+# marker text encoded as ordinary tokens, in the completion or in the prompt (see ``reconstruct_record``)
+LITERAL_MARKER_FLAGS = ("literal_marker", "prompt_literal_marker")
+
+
+def convention_flags(tool_ids: str = "auto") -> list[str]:
+    """Every flag a reconstructed row can carry for a completion convention under tool-id policy ``tool_ids``:
+    :data:`~kimi_eagle.chat.completion.CONVENTION_FLAGS`, then :data:`LITERAL_MARKER_FLAGS`."""
+    return [flag.format(policy=tool_ids) for flag in CONVENTION_FLAGS] + list(LITERAL_MARKER_FLAGS)
 
 
 @dataclass(frozen=True)
@@ -152,13 +167,8 @@ def parse_turn(response: Any) -> Turn:
 # One record
 
 
-def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: CompletionOptions = ReconstructOptions(),
-                       encoder: PieceEncoder | None = None) -> ReconstructedRow:
-    """Reconstruct one API record; raises RecordError with a clear message for bad input.
-
-    ``encoder``: a :class:`PieceEncoder` of ``tok`` shared by the calls of a loop (its run cache makes
-    a conversation's later prompts cheap); without one, a fresh encoder is built for this record.
-    """
+def _checked_id(record: Any) -> str:
+    """The id of an API record; RecordError for a record that is not an object, a converter error, or a bad id."""
     if not isinstance(record, dict):
         raise RecordError("record is not a JSON object")
     if record.get("error"):
@@ -166,7 +176,30 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     rid = record.get("id")
     if not isinstance(rid, str) or not rid:
         raise RecordError("record has no string id")
-    check_id(rid, "record id")
+    return check_id(rid, "record id")
+
+
+def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceEncoder) -> tuple[list[int], bool]:
+    """The prompt's IDs and whether marker text was encoded as ordinary tokens; RecordError if it cannot be
+    rendered or holds text that is not valid Unicode."""
+    try:
+        prompt_pieces = fmt.prompt_pieces(messages, request.get("tools"))
+    except RecordError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
+    check_encodable((t for t, _ in prompt_pieces), request, "request", "the prompt")
+    return enc.encode_marked(prompt_pieces)
+
+
+def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: CompletionOptions = ReconstructOptions(),
+                       encoder: PieceEncoder | None = None) -> ReconstructedRow:
+    """Reconstruct one API record; raises RecordError with a clear message for bad input.
+
+    ``encoder``: a :class:`PieceEncoder` of ``tok`` shared by the calls of a loop (its run cache makes
+    a conversation's later prompts cheap); without one, a fresh encoder is built for this record.
+    """
+    rid = _checked_id(record)
     dataset, provider = record.get("dataset"), response_field(record.get("response"), "provider")
     for name, value in (("dataset", dataset), ("response.provider", provider)):
         if isinstance(value, str) and not storable_text(value):
@@ -183,14 +216,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
     flags: list[str] = []
-    try:
-        prompt_pieces = fmt.prompt_pieces(messages, tools)
-    except RecordError:
-        raise
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
-    check_encodable((t for t, _ in prompt_pieces), request, "request", "the prompt")
-    prompt_ids, prompt_marker = enc.encode_marked(prompt_pieces)
+    prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc)
     if prompt_marker:
         flags.append("prompt_literal_marker")
     segments, seg_flags = fmt.completion_segments(turn, messages, options)

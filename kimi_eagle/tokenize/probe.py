@@ -9,12 +9,13 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.records import RecordError, parse_engine_record
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
+RESERVED_PREFIX = "<|reserved_token_"  # Kimi's unnamed special slots
 MARKER_HINTS = ("<|", "|>", "im_end", "im_start", "</think", "<think")
 
 
@@ -144,3 +145,16 @@ def probe(tok: Tokenizer, engine_outputs: str | Path | None = None, check_ids: S
     if engine_outputs is not None:
         report.engine = engine_stats(tok, engine_outputs)
     return report
+
+
+def named_specials(report: ProbeReport) -> list[SpecialReport]:
+    """The special tokens with a name (not one of the ``<|reserved_token_N|>`` slots)."""
+    return [s for s in report.special_tokens if not s.text.startswith(RESERVED_PREFIX)]
+
+
+def probe_metrics(report: ProbeReport, sample_tokens: int) -> dict[str, Any]:
+    """``metrics.json`` of a probe: the tokenizer, its sizes, named specials, specials that do not
+    round-trip, and how many tokens the sample text took (``sample_tokens``)."""
+    return {"tokenizer": report.tokenizer, "n_vocab": report.n_vocab, "n_ranks": report.n_ranks,
+            "n_named_specials": len(named_specials(report)),
+            "n_not_roundtrip": sum(not s.roundtrip for s in report.special_tokens), "sample_tokens": sample_tokens}

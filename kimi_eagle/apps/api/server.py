@@ -43,7 +43,7 @@ from kimi_eagle.engine.local import (
     TemplateRefused,
     engine_record,
 )
-from kimi_eagle.io import JsonlAppender, read_jsonl
+from kimi_eagle.io import JsonlAppender
 
 DEFAULT_PROVIDER = "kimi-eagle-local"
 
@@ -106,11 +106,6 @@ def route_provider(body: dict[str, Any], providers: list[str]) -> str:
     if not chosen:
         raise RequestError(404, "No endpoints found matching your provider preferences")
     return chosen[0]
-
-
-def _check_routing(body: dict[str, Any], provider: str) -> None:
-    """OpenRouter provider routing for a single provider (404 when the preferences exclude it)."""
-    route_provider(body, [provider])
 
 
 class App:
@@ -394,24 +389,6 @@ class _BrokenResponse:
         await send({"type": "http.response.body", "body": half, "more_body": self.fault.kind == "drop"})
 
 
-def delivered_engine_records(engine_log: str | Path, responses: str | Path) -> list[dict[str, Any]]:
-    """The engine record of each stored response, in the order of ``responses`` (exactly one per ``ok`` record).
-
-    A retried or resumed request can leave several engine records with the same id (a reply
-    sampled after the client had timed out, or stored by a collector that was then killed); the
-    one that belongs to a stored response is the one whose ``response_id`` is that response's ``id``.
-    """
-    by_response = {line.obj.get("response_id"): line.obj for line in read_jsonl(engine_log) if isinstance(line.obj, dict)}
-    out = []
-    for line in read_jsonl(responses):
-        rec = line.obj
-        if isinstance(rec, dict) and rec.get("status") == "ok":
-            engine = by_response.get((rec.get("response") or {}).get("id"))
-            if engine is not None:
-                out.append(engine)
-    return out
-
-
 # ---- command line
 
 
@@ -441,7 +418,7 @@ class LocalServer:
 
     def start(self) -> "LocalServer":
         ready = Path(tempfile.mkdtemp(prefix="kimi-eagle-serve-")) / "ready.json"
-        cmd = [sys.executable, "-m", "kimi_eagle", "serve", "--model", self.model_dir, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "kimi_eagle", "serve", "--model-dir", self.model_dir, "--host", "127.0.0.1",
                "--port", "0", "--records", self.records, "--ready-file", str(ready), *self.extra_args]
         if self.model_name:
             cmd += ["--served-model-name", self.model_name]

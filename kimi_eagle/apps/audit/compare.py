@@ -12,8 +12,8 @@ from itertools import combinations
 from statistics import median
 from typing import Any, Iterable, Sequence
 
-from kimi_eagle.apps.reports.diff_report import wilson
 from kimi_eagle.diff.classify import RecordVerdict, classify
+from kimi_eagle.diff.summary import wilson
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 REFERENCE = "reference"

@@ -14,7 +14,8 @@ Outputs (all written atomically): ``completions.parquet`` — one row per prompt
 so nothing goes unaccounted; ``pairs.parquet`` — every comparison (provider pairs, provider vs reference, repeat
 vs repeat 0); ``hunks.parquet`` — the first hunks of every divergent comparison (the evidence);
 ``summary.json`` — the agreement matrix, self-consistency, first-divergence distributions, and the providers
-ranked by how often and how early they diverge. Rerunning the same command resumes: finished requests are kept.
+ranked by how often and how early they diverge; ``agreement_matrix.png``, ``first_divergence_cdf.png``,
+``self_consistency.png`` and ``report.html`` — its charts and page (``kimi_eagle.apps.audit.report``). Rerunning the same command resumes: finished requests are kept.
 
 Exit codes: 0 every request answered (ok or a permanent error), 1 some requests exhausted their retries,
 3 a provider rejected the key (401/402: the audit stops), 2 bad input.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kimi_eagle.apps.audit.compare import REFERENCE, Completion, compare_all, summarize
+from kimi_eagle.apps.audit.report import write_audit_report
 from kimi_eagle.io import atomic_path, read_jsonl, write_json, write_jsonl
 
 REPEAT_SEP = "#r"  # audit request id = prompt id + "#r" + repeat
@@ -150,7 +152,7 @@ def audit(prompts_path: str | Path, out_dir: str | Path, base_url: str, model: s
     """Run the audit into ``out_dir`` (see the module docstring); returns ``summary.json``'s content."""
     from kimi_eagle.apps.api.collect import CollectConfig, collect
     from kimi_eagle.assets import kimi_dir
-    from kimi_eagle.reconstruct.job import reconstruct_file
+    from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
     providers = list(providers)
@@ -181,7 +183,7 @@ def audit(prompts_path: str | Path, out_dir: str | Path, base_url: str, model: s
                 aborted = f"{provider}: {summary['aborted']}"
                 break
             reconstruct_file(api_path, out / "recon" / f"{provider}.parquet", tokenizer_dir, format_name,
-                             progress=False, tokenizer=tok)
+                             JobOptions(progress=False), tokenizer=tok)
     completions = gather_completions(prompts, providers, repeats, out / "api", out / "recon")
     ref = read_reference(reference, tok, [pid for pid, _, _ in prompts]) if reference is not None else None
     pairs, hunks = compare_all(tok, completions, providers, ref)
@@ -200,6 +202,7 @@ def audit(prompts_path: str | Path, out_dir: str | Path, base_url: str, model: s
                              "temperature": 0, "format": format_name, "tokenizer": str(tokenizer_dir),
                              "reference": str(reference) if reference is not None else None})
     write_json(out / "summary.json", summary)
+    write_audit_report(summary, out)
     return summary
 
 

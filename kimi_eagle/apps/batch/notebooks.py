@@ -5,7 +5,6 @@ small ``test`` run; ``make demo`` and the tests both read it, so neither can for
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +51,3 @@ def parameter_names(notebook: str | Path) -> dict[str, dict[str, Any]]:
     import papermill as pm
 
     return pm.inspect_notebook(str(notebook))
-
-
-def api_key_from_env(name: str = "OPENROUTER_API_KEY") -> str | None:
-    """API keys come from the environment only, never from notebook parameters."""
-    return os.environ.get(name)

@@ -192,12 +192,20 @@ def _exclusive(run_dir: Path):
     """Hold ``RUN_DIR/batch.lock`` (released by the OS however the batch ends): one batch per RUN_DIR at a time."""
     import fcntl
 
+    global _LOCK_FD
     with open(run_dir / "batch.lock", "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise GridError(f"{run_dir} is in use by another batch; wait for it or use another RUN_DIR") from None
-        yield
+        _LOCK_FD = f.fileno()
+        try:
+            yield
+        finally:
+            _LOCK_FD = None
+
+
+_LOCK_FD: int | None = None  # the batch lock's descriptor, which forked workers close (only the batch holds it)
 
 
 def _preload() -> None:
@@ -218,6 +226,9 @@ def _pool(n: int):
 
 def _worker_init() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker must not inherit the batch's handler
+    if _LOCK_FD is not None:  # nor the batch lock: a worker still exiting after its batch died must not hold it
+        with contextlib.suppress(OSError):
+            os.close(_LOCK_FD)
 
 
 def render_html(executed: Path) -> Path:

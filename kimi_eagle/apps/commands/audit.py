@@ -4,15 +4,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from kimi_eagle.apps.audit.run import audit, matrix_text
+from kimi_eagle.apps.cli import add_option
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompts", help="prompts JSONL (the collector's format: {id, messages} or {id, prompt})")
-    p.add_argument("-o", "--out", required=True, help="output directory (rerun to resume)")
+    p.add_argument("prompts", metavar="PROMPTS", help="prompts JSONL (the collector's format: {id, messages} or {id, prompt})")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory (rerun to resume)")
     p.add_argument("--base-url", required=True, help="e.g. https://openrouter.ai/api/v1 or a local `kimi-eagle serve`")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="API model name sent with every request (not a directory)")
     p.add_argument("--providers", required=True, help="comma-separated provider names, each pinned with provider.only")
     p.add_argument("--reference", help="engine records (JSONL) of the same prompt ids from the reference engine")
     p.add_argument("--repeats", type=int, default=2, help="requests per prompt and provider (default 2)")
@@ -34,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     print(matrix_text(summary))
     print(json.dumps({"completions": summary["completions"], "divergence_ranking": summary["divergence_ranking"]},
                      indent=2))
+    print(f"charts and page -> {Path(args.out) / 'report.html'}")
     if summary["aborted"]:
         print(f"kimi-eagle audit: stopped: {summary['aborted']}", file=sys.stderr)
         return 3

@@ -4,15 +4,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kimi_eagle.apps.cli import add_main_input, add_option
 from kimi_eagle.apps.reports.billing_report import DATA_LABELS, write_billing
 from kimi_eagle.diff.run import read_reconstructed
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--reconstructed", required=True, help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
-    p.add_argument("-o", "--out", required=True, help="output directory (billing_records.parquet, summary.json, "
-                                                      "metrics.json, charts, report.html)")
+    add_main_input(p, "reconstructed", alias="--reconstructed",
+                   help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory (billing_records.parquet, summary.json, metrics.json, charts, report.html)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
     p.add_argument("--data", choices=DATA_LABELS, default="real", help="label for the charts: real or simulated responses")
 

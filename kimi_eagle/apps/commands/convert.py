@@ -8,7 +8,7 @@ from kimi_eagle.records import exit_status, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", nargs="?", help="dataset file (default: the bundled dataset for --from)")
+    p.add_argument("input", nargs="?", metavar="INPUT", help="dataset file (default: the bundled dataset for --from)")
     p.add_argument("--from", dest="source", required=True, choices=SOURCES)
     p.add_argument("-o", "--output", required=True, help="output JSONL of API records")
     p.add_argument("--limit", type=positive_int, default=None, help="convert only the first N conversations")

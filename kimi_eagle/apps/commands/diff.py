@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.diff.run import diff_rows, read_engine, read_labels, read_reconstructed, write_diff
 from kimi_eagle.records import exit_status
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
@@ -10,9 +11,10 @@ from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", required=True, help="engine records (JSONL: id + output_ids, SGLang or vLLM shape); "
-                   "without engine records, validate by billing: `kimi-eagle billing --reconstructed ROWS -o DIR`")
+                   "without engine records, validate by billing: `kimi-eagle billing ROWS -o DIR`")
     p.add_argument("--reconstructed", required=True, help="reconstructed rows (parquet from `kimi-eagle reconstruct`)")
-    p.add_argument("-o", "--out", required=True, help="output directory (records.parquet, hunks.parquet, meta.json)")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory (records.parquet, hunks.parquet, meta.json)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
     p.add_argument("--labels", default=None, help="expected labels (labels.parquet from `kimi-eagle simulate`)")
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.apps.interop.export_drafter import DTYPES, EXPORT_ENGINES, export_drafter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("draft", help="a drafter directory written by `kimi-eagle train`")
+    p.add_argument("draft", metavar="DRAFT", help="a drafter directory written by `kimi-eagle train`")
     p.add_argument("--engine", choices=EXPORT_ENGINES, required=True)
     p.add_argument("--verifier", help="speculators only: the target's path or hub id, written as its verifier")
-    p.add_argument("-o", "--out", required=True)
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (fp32 reproduces training exactly)")
 
 

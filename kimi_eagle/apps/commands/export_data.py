@@ -4,13 +4,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.apps.interop.export_data import TARGETS, _target_config, export_data
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rows", help="reconstructed .parquet, engine-record .jsonl, or {input_ids, loss_mask} .jsonl")
+    p.add_argument("rows", metavar="ROWS", help="reconstructed .parquet, engine-record .jsonl, or {input_ids, loss_mask} .jsonl")
     p.add_argument("--to", choices=TARGETS, required=True)
-    p.add_argument("-o", "--out", required=True, help="output directory")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory")
     p.add_argument("--target", help="target model directory (its config.json gives vocab size, layers, hidden size)")
     p.add_argument("--vocab-size", type=int, help="target vocabulary size (default: from --target)")
     p.add_argument("--n-layers", type=int, help="target decoder layers, for the run configs (default: from --target)")

@@ -8,18 +8,19 @@ import time
 
 import torch
 
-from kimi_eagle.eagle3.hidden import (
-    extract,
-    load_rows,
-)
-from kimi_eagle.eagle3.layouts import LAYOUTS, extract_layout, is_arrow_dir, load_layout_rows
+from kimi_eagle.apps.cli import add_main_input, add_option
+from kimi_eagle.eagle3.extract import ExtractOptions, extract
+from kimi_eagle.eagle3.hidden import load_rows
+from kimi_eagle.eagle3.layouts import LAYOUTS, is_arrow_dir, load_layout_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF target model directory (with a kimi_ids.json row map, e.g. tiny-kimi, "
                    "the rows' Kimi IDs are mapped to its rows)")
-    p.add_argument("--data", required=True, help="rows: reconstructed .parquet, or .jsonl with input_ids/loss_mask or engine records")
-    p.add_argument("-o", "--out", required=True, help="output directory (resumes if it holds a partial extraction)")
+    add_main_input(p, "data", alias="--data",
+                   help="rows: reconstructed .parquet, or .jsonl with input_ids/loss_mask or engine records")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory (resumes if it holds a partial extraction)")
     p.add_argument("--layers", help="comma-separated 0-based block-output indices (default: EAGLE-3's low/mid/high)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8"], default="bf16",
                    help="fp8: float8_e4m3fn with one fp32 scale per token and layer (about half of bf16's bytes)")
@@ -30,15 +31,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
     p.add_argument("--layout", choices=LAYOUTS, default="kimi",
                    help="kimi: the kit's shards; speculators: hs_{row}.safetensors per Arrow row of an export-data "
-                        "directory (--data), into -o DATA/hidden_states; specforge: rows_*/data_{idx}.ckpt")
+                        "directory (DATA), into -o DATA/hidden_states; specforge: rows_*/data_{idx}.ckpt")
 
 
 def run(args: argparse.Namespace) -> int:
     """``--layout kimi`` is :func:`run_kit`; the trainer layouts are :func:`run_extract`."""
-    if args.layout == "kimi":
-        return run_kit(args)
     torch.set_num_threads(args.threads)
-    return run_extract(args)
+    return run_kit(args) if args.layout == "kimi" else run_extract(args)
+
+
+def options_from(args: argparse.Namespace, skipped: list[dict]) -> ExtractOptions:
+    """The extraction options the flags name (``--shard-rows`` is the trainer layouts' chunk size)."""
+    return ExtractOptions(
+        layout=args.layout, layer_ids=[int(x) for x in args.layers.split(",")] if args.layers else None,
+        dtype=args.dtype, shard_rows=args.shard_rows, max_tokens=args.max_tokens, skipped=skipped,
+        rows_source=None if args.layout == "kimi" else args.data, keep_literal_marker=args.keep_literal_marker,
+        progress=True)
 
 
 def run_extract(args: argparse.Namespace) -> int:
@@ -47,13 +55,10 @@ def run_extract(args: argparse.Namespace) -> int:
         raise ValueError("--layout speculators: --data must be a `kimi-eagle export-data --to speculators` directory "
                          "(hs_{row} is the Arrow row `row`); write -o DATA/hidden_states")
     rows, skipped = load_layout_rows(args.data, keep_literal_marker=args.keep_literal_marker)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     t0 = time.perf_counter()
-    m = extract_layout(args.target, rows, args.out, args.layout, layer_ids=layers, dtype=args.dtype,
-                       max_tokens=args.max_tokens, chunk_rows=args.shard_rows, skipped=skipped,
-                       rows_source=args.data, keep_literal_marker=args.keep_literal_marker, progress=True)
+    m = extract(args.target, rows, args.out, options_from(args, skipped))
     print(json.dumps({"out": args.out, "layout": args.layout, "rows": m["n_rows"], "written": m["rows_written"],
-                      "skipped": len(m["skipped"]) + len(m["row_skipped"]), "tokens": m["n_tokens"],
+                      "skipped": len(m["skipped"]) + m["long_rows"]["n"], "tokens": m["n_tokens"],
                       "layer_ids": m["layer_ids"], "trainer_layer_ids": m["trainer_layer_ids"],
                       "bytes_per_token": m["bytes_per_token"], "seconds": round(time.perf_counter() - t0, 2)}))
     return 0
@@ -61,14 +66,11 @@ def run_extract(args: argparse.Namespace) -> int:
 
 def run_kit(args: argparse.Namespace) -> int:
     """``kimi-eagle extract --layout kimi``: the kit's own shards."""
-    torch.set_num_threads(args.threads)
     rows, skipped = load_rows(args.data, keep_literal_marker=args.keep_literal_marker, target=args.target)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     t0 = time.perf_counter()
-    m = extract(args.target, rows, args.out, layer_ids=layers, dtype=args.dtype, shard_rows=args.shard_rows,
-                max_tokens=args.max_tokens, skipped=skipped, progress=True)
-    print(json.dumps({"out": args.out, "rows": m["n_rows"], "skipped": len(m["skipped"]), "tokens": m["n_tokens"],
-                      "layer_ids": m["layer_ids"], "bytes_per_token": m["bytes_per_token"],
+    m = extract(args.target, rows, args.out, options_from(args, skipped))
+    print(json.dumps({"out": args.out, "rows": m["n_rows"], "skipped": len(m["skipped"]) + m["long_rows"]["n"],
+                      "tokens": m["n_tokens"], "layer_ids": m["layer_ids"], "bytes_per_token": m["bytes_per_token"],
                       "payload_bytes_per_token": m["payload_bytes_per_token"], "payload_vs_bf16": m["payload_vs_bf16"],
                       "seconds": round(time.perf_counter() - t0, 2)}))
     return 0

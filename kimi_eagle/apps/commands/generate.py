@@ -5,17 +5,19 @@ import argparse
 import json
 import sys
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.engine.local import CHAT_FORMAT_ALIASES, CHAT_FORMATS, Engine, SamplingParams, generate_records
 from kimi_eagle.io import atomic_path, read_jsonl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("prompts", help="JSONL of {id, messages} or {id, prompt}")
+    p.add_argument("prompts", metavar="PROMPTS", help="JSONL of {id, messages} or {id, prompt}")
     p.add_argument("-o", "--output", required=True, help="engine-record JSONL to write")
-    p.add_argument("--model", required=True, help="HF model directory")
-    p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
-                   help="default: kimi-k2.5 for a model with a kimi_ids.json row map (tiny-kimi), else hf-template "
-                        "if the tokenizer has a chat template, else plain")
+    add_option(p, "--model-dir", aliases=("--model",), dest="model", required=True, help="HF model directory")
+    add_option(p, "--format", aliases=("--chat-format",), dest="chat_format",
+               choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
+               help="chat format; default: kimi-k2.5 for a model with a kimi_ids.json row map (tiny-kimi), else "
+                    "hf-template if the tokenizer has a chat template, else plain")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, help="seed of the first prompt; prompt i uses seed + i")

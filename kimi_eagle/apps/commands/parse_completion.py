@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from kimi_eagle.chat.parse import PARSE_FORMATS, TOOL_ID_OUTPUTS, parse_completion, parse_id_list
+from kimi_eagle.chat.parse import PARSE_FORMATS, TOOL_ID_OUTPUTS, ParseOptions, parse_completion, parse_id_list
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    kw = dict(format_name=args.format, finish_reason=args.finish_reason, strip=args.strip, tool_ids=args.tool_ids,
-              history_tool_calls=args.history_tool_calls)
+    options = ParseOptions(format_name=args.format, finish_reason=args.finish_reason, strip=args.strip,
+                           tool_ids=args.tool_ids, history_tool_calls=args.history_tool_calls)
     if args.ids is not None:
         from kimi_eagle.assets import kimi_dir
 
@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
         bad = [i for i in ids if not 0 <= i < tok.n_vocab]
         if bad:
             raise ValueError(f"--ids: {bad[0]} is outside the vocabulary (n_vocab {tok.n_vocab})")
-        parsed = parse_completion(ids, tok, **kw)
+        parsed = parse_completion(ids, tok, options)
     else:
-        parsed = parse_completion(sys.stdin.read() if args.text == "-" else args.text, **kw)
+        parsed = parse_completion(sys.stdin.read() if args.text == "-" else args.text, options=options)
     print(json.dumps(parsed.to_dict(), ensure_ascii=False, indent=1))
     return 0

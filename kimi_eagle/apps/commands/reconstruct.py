@@ -7,13 +7,13 @@ import sys
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.completion import TOOL_ID_POLICIES
 from kimi_eagle.chat.formats import FORMATS, TOOL_DECLARATIONS
-from kimi_eagle.reconstruct.job import NothingToProcess, reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, NothingToProcess, reconstruct_file
 from kimi_eagle.reconstruct.record import ReconstructOptions
 from kimi_eagle.records import EXIT_NOTHING_PROCESSED, exit_status, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="API records (JSONL)")
+    p.add_argument("input", metavar="INPUT", help="API records (JSONL)")
     p.add_argument("-o", "--output", required=True, help="output parquet")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (Kimi or HF; default: the Kimi tokenizer in the assets)")
@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     options = ReconstructOptions(omit_think_end_before_tools=args.omit_think_end_before_tools,
                                  tool_ids="keep" if args.keep_tool_ids else args.tool_ids)
     try:
-        counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, workers=args.workers,
-                                  resume=args.resume, options=options, shard_size=args.shard_size,
-                                  progress=not args.no_progress, tool_declaration=args.tool_declaration)
+        job = JobOptions(workers=args.workers, resume=args.resume, completion=options, shard_size=args.shard_size,
+                         progress=not args.no_progress, tool_declaration=args.tool_declaration)
+        counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, job)
     except NothingToProcess as e:
         print(f"kimi-eagle reconstruct: nothing to process: {e}", file=sys.stderr)
         return EXIT_NOTHING_PROCESSED

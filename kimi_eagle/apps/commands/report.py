@@ -10,13 +10,15 @@ import argparse
 import json
 from pathlib import Path
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.apps.reports.diff_report import DATA_KINDS, write_report
 from kimi_eagle.diff.run import read_diff
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("diff_dir", help="output directory of `kimi-eagle diff`")
-    p.add_argument("-o", "--out", required=True, help="report directory (summary.json, *.png, report.html)")
+    p.add_argument("diff_dir", metavar="DIFF_DIR", help="output directory of `kimi-eagle diff`")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="report directory (summary.json, *.png, report.html)")
     p.add_argument("--data", choices=DATA_KINDS, default=None,
                    help="say the numbers come from simulated or real data (default: simulated when the diff has "
                         "expected labels from `kimi-eagle simulate`, else real)")

@@ -8,6 +8,7 @@ import sys
 
 from kimi_eagle.apps.api.faults import FaultConfig
 from kimi_eagle.apps.api.server import DEFAULT_PROVIDER, App
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.engine.local import (
     CHAT_FORMAT_ALIASES,
     CHAT_FORMATS,
@@ -18,25 +19,31 @@ from kimi_eagle.io import write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="HF model directory (weights + tokenizer.json)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --ready-file)")
-    p.add_argument("--records", default="runs/serve/engine_records.jsonl", help="engine-record JSONL to append to")
-    p.add_argument("--served-model-name", help="model ID clients must send (default: from the directory name)")
-    p.add_argument("--chat-format", choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
-                   help="default: hf-template (the tokenizer's own chat template) if it has one, else plain")
-    p.add_argument("--provider-name", default=DEFAULT_PROVIDER, help="the `provider` field of responses")
-    p.add_argument("--precision", "--dtype", dest="precision", choices=PRECISIONS, default="float32",
+    m = p.add_argument_group("model")
+    add_option(m, "--model-dir", aliases=("--model",), dest="model", required=True,
+               help="HF model directory (weights + tokenizer.json)")
+    m.add_argument("--served-model-name", help="model ID clients must send (default: from the directory name)")
+    add_option(m, "--format", aliases=("--chat-format",), dest="chat_format",
+               choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
+               help="chat format; default: hf-template (the tokenizer's own chat template) if it has one, else plain")
+    m.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")
+    m.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    v = p.add_argument_group("providers")
+    v.add_argument("--provider-name", default=DEFAULT_PROVIDER, help="the `provider` field of responses")
+    v.add_argument("--precision", "--dtype", dest="precision", choices=PRECISIONS, default="float32",
                    help="serve the model cast to this dtype, or with int8 weight quantization of its Linear layers")
-    p.add_argument("--providers", metavar="NAME=PRECISION,...",
+    v.add_argument("--providers", metavar="NAME=PRECISION,...",
                    help="serve a provider table instead of one provider, e.g. fp32=float32,bf16=bfloat16,int8=int8: "
                         "requests pick one with OpenRouter routing (provider.only / order), the first is the default")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")
-    p.add_argument("--ready-file", help="write {base_url, port, pid} here once listening")
-    p.add_argument("--admin", action="store_true", help="enable /admin/faults and /admin/stats")
-    p.add_argument("--api-key-env", metavar="NAME",
+    c = p.add_argument_group("connection")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --ready-file)")
+    c.add_argument("--ready-file", help="write {base_url, port, pid} here once listening")
+    c.add_argument("--api-key-env", metavar="NAME",
                    help="require `Authorization: Bearer $NAME` (the key is read from that variable, never logged)")
+    c.add_argument("--admin", action="store_true", help="enable /admin/faults and /admin/stats")
+    o = p.add_argument_group("output")
+    o.add_argument("--records", default="runs/serve/engine_records.jsonl", help="engine-record JSONL to append to")
     g = p.add_argument_group("fault injection (all off by default)")
     g.add_argument("--fault-429", type=float, default=0.0, metavar="P", help="probability of starting a 429 burst")
     g.add_argument("--fault-429-burst", type=int, default=1, metavar="N")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.diff.simulate import (
     DEFAULT_FORMAT,
     DEFAULT_SOURCES,
@@ -16,7 +17,8 @@ from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--out", required=True, help="output directory (api.jsonl, engine.jsonl, labels.parquet)")
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory (api.jsonl, engine.jsonl, labels.parquet)")
     p.add_argument("--source", action="append", default=None,
                    help=f"converted dataset to draw from (repeatable; default {' + '.join(DEFAULT_SOURCES)})")
     p.add_argument("--per-effect", type=int, default=10, help="records per effect (default 10)")

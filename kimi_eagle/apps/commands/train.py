@@ -7,16 +7,20 @@ import os
 
 import torch
 
+from kimi_eagle.apps.cli import add_main_input, add_option
+from kimi_eagle.apps.reports.training_charts import write_train_curves
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig("", "", "")
-    p.add_argument("--data", required=True, help="hidden-state directory from `kimi-eagle extract` (with --online: the rows, as for extract)")
+    add_main_input(p, "data", alias="--data",
+                   help="hidden-state directory from `kimi-eagle extract` (with --online: the rows, as for extract)")
     p.add_argument("--online", action="store_true", help="run the target in each step instead of reading stored hidden states")
     p.add_argument("--layers", help="with --online: comma-separated aux block-output ids (default: EAGLE-3's low/mid/high)")
     p.add_argument("--target", required=True, help="HF target model directory")
-    p.add_argument("-o", "--out", required=True)
+    add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
+               help="output directory (drafter/, checkpoint/)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps)
     p.add_argument("--step-weight", type=float, default=d.step_weight)
@@ -26,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/last.pt if present")
+    p.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint/last.pt if present")
     p.add_argument("--stop-after", type=int, help="stop after this many steps (checkpointed), e.g. to test resuming")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
@@ -42,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         layer_ids=[int(x) for x in args.layers.split(",")] if args.layers else None,
     )
     summary = train_drafter(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0:  # rank 0 draws the curves of the log it wrote
+        write_train_curves(args.out)
         print(json.dumps({k: summary[k] for k in ("step", "finished", "world_size", "train_tokens_per_s")}
                          | {"final": summary.get("final")}))
     return 0

@@ -14,7 +14,6 @@ are placeholders to edit (they are marked ``EDIT``).
 """
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
@@ -100,8 +99,3 @@ def write_configs(out: Path, to: str, *, target: str, n_layers: int, hidden_size
             target=target, data_dir=str(out), n_layers=n_layers, max_length=max_length,
             draft_vocab_size=draft_vocab_size)))
     return written
-
-
-def kimi_table() -> str:
-    """Kimi-K2.5's layer ids in every convention, as JSON (for docs)."""
-    return json.dumps(convention_table(KIMI_K25["n_layers"]))

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from kimi_eagle.eagle3.layers import trainer_layer_ids
-from kimi_eagle.eagle3.train import _lr_lambda
+from kimi_eagle.eagle3.train import lr_schedule
 
 
 @dataclass
@@ -120,7 +120,7 @@ def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[
     loss_config = resolve_loss_config("kl_div", "eager")  # the fused kernels need Triton (a GPU)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.steps, cfg.warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg.steps, cfg.warmup))
     model.train()
     losses, tokens, full_acc0 = [], 0, []
     start = time.perf_counter()

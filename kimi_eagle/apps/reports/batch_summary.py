@@ -14,7 +14,6 @@ import html
 import json
 import math
 import re
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from kimi_eagle.io import atomic_path, write_figure, write_text
+from kimi_eagle.apps.reports.toolkit import figure, html_page, linked_figures, save
+from kimi_eagle.apps.reports.toolkit import title as chart_title
+from kimi_eagle.io import atomic_path, write_text
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
 MAX_CHARTS = 24
@@ -91,9 +92,9 @@ def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
         name = col[len("metric."):]
         path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
         if col in numeric and _nonzero(values):
-            _write_png(bar_chart(df[have], col, _interval_columns(df, col)), path)
+            save(bar_chart(df[have], col, _interval_columns(df, col)), path, tight=False)
         elif have.any() and all(_is_number_list(v) for v in values[have]):
-            _write_png(line_chart(df[have], col), path)
+            save(line_chart(df[have], col), path, tight=False)
         else:
             continue
         paths.append(path)
@@ -102,7 +103,7 @@ def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
         if cols and len(paths) < MAX_CHARTS:
             name = group[len("metric."):]
             path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
-            _write_png(stacked_chart(df[df[cols].notna().any(axis=1)], cols, name), path)
+            save(stacked_chart(df[df[cols].notna().any(axis=1)], cols, name), path, tight=False)
             paths.append(path)
     return paths
 
@@ -122,7 +123,7 @@ def constant_metrics(df: pd.DataFrame) -> dict[str, Any]:
     """Metric columns with one value in every run that has them (at least two runs): ``{column: value}``."""
     out: dict[str, Any] = {}
     for c in _metric_columns(df):
-        present = [_plain(v) for v in df[c] if _present(v)]
+        present = [_native(v) for v in df[c] if _present(v)]
         if len(present) >= 2 and all(_same(v, present[0]) for v in present[1:]):
             out[c] = present[0]
     return out
@@ -142,25 +143,25 @@ def _nonzero(values: pd.Series) -> bool:
     return any(_present(v) and (not _is_number(v) or v != 0) for v in values)
 
 
-def _figure(n_runs: int) -> tuple[Figure, Any]:
-    fig = Figure(figsize=(8, max(2.2, 0.45 * n_runs + 1.3)))
-    return fig, fig.subplots()
+def _run_figure(n_runs: int) -> tuple[Figure, Any]:
+    """A figure tall enough for one horizontal bar per run."""
+    return figure((8, max(2.2, 0.45 * n_runs + 1.3)))
 
 
 def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:
     """One horizontal stacked bar per run, one segment per column (e.g. the counts of a ``verdict`` mapping)."""
     labels = run_labels(df)
-    fig, ax = _figure(len(labels))
+    fig, ax = _run_figure(len(labels))
     left = [0.0] * len(labels)
     for col in cols:
-        values = [float(_plain(v)) if _is_number(v) else 0.0 for v in df[col]]
+        values = [float(_native(v)) if _is_number(v) else 0.0 for v in df[col]]
         bars = ax.barh(labels, values, left=left, label=readable(col.rsplit(".", 1)[1]))
         ax.bar_label(bars, labels=[_fmt(v) if v else "" for v in values], fontsize=8, label_type="center")
         left = [a + b for a, b in zip(left, values)]
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set(xlabel=f"{readable(name)} (stacked counts)", ylabel="run")
-    _title(ax, f"{readable(name)} per run")
+    chart_title(ax, f"{readable(name)} per run", wrap_to="figure")
     fig.tight_layout()
     return fig
 
@@ -169,13 +170,13 @@ def bar_chart(df: pd.DataFrame, col: str, interval: tuple[str, str] | None = Non
     """One horizontal bar per run (error bars from ``interval``'s two columns). Shares and rates — every value
     and bound within [0, 1] — get a 0–1 axis; other metrics start at zero (or end there when negative)."""
     labels = run_labels(df)
-    values = [float(_plain(v)) for v in df[col]]
-    fig, ax = _figure(len(labels))
+    values = [float(_native(v)) for v in df[col]]
+    fig, ax = _run_figure(len(labels))
     err = None
     lo = hi = values
     if interval is not None:
-        lo = [float(_plain(v)) if _is_number(v) else val for v, val in zip(df[interval[0]], values)]
-        hi = [float(_plain(v)) if _is_number(v) else val for v, val in zip(df[interval[1]], values)]
+        lo = [float(_native(v)) if _is_number(v) else val for v, val in zip(df[interval[0]], values)]
+        hi = [float(_native(v)) if _is_number(v) else val for v, val in zip(df[interval[1]], values)]
         err = [[max(0.0, v - a) for v, a in zip(values, lo)], [max(0.0, b - v) for v, b in zip(values, hi)]]
     bars = ax.barh(labels, values, xerr=err, color="#1976d2", capsize=4, error_kw={"ecolor": "#333"},
                    label=readable(col) + (" (95% interval)" if interval else ""))
@@ -189,32 +190,85 @@ def bar_chart(df: pd.DataFrame, col: str, interval: tuple[str, str] | None = Non
         pad = 0.15 * (high - low or 1.0)
         ax.set_xlim(low - (pad if low < 0 else 0), high + (pad if high > 0 else 0))
     ax.set(xlabel=readable(col), ylabel="run")
-    _title(ax, f"{readable(col)} per run" + (" (error bars: 95% interval)" if interval else ""))
+    chart_title(ax, f"{readable(col)} per run" + (" (error bars: 95% interval)" if interval else ""), wrap_to="figure")
     fig.tight_layout()
     return fig
 
 
 def line_chart(df: pd.DataFrame, col: str) -> Figure:
     """One line per run for a list-valued metric (e.g. a value per training step)."""
-    fig = Figure(figsize=(8, 4))
-    ax = fig.subplots()
+    fig, ax = figure((8, 4))
     for label, values in zip(run_labels(df), df[col]):
         ax.plot(range(len(values)), [float(v) for v in values], marker="o", markersize=3, label=label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="index (e.g. step)", ylabel=readable(col))
-    _title(ax, f"{readable(col)} per run")
+    chart_title(ax, f"{readable(col)} per run", wrap_to="figure")
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def _title(ax: Any, text: str, fontsize: float = 10.5) -> None:
-    """A title wrapped to the figure's width, never clipped."""
-    chars = max(20, int(ax.figure.get_figwidth() * 72 / (fontsize * 0.55)))
-    ax.set_title("\n".join(textwrap.wrap(text, chars)), fontsize=fontsize)
-
-
 TABLE_METRIC_COLUMNS = 8  # metric columns per table, so every table fits a 1,400 px page
+
+
+def _data_note(df: pd.DataFrame) -> str:
+    """The page's note on how many runs used simulated and real data ("" when no run says)."""
+    if "metric.data" not in df or not df["metric.data"].map(_present).any():
+        return ""
+    kinds = df["metric.data"][df["metric.data"].map(_present)].map(str).value_counts().to_dict()
+    return ("<p class='data'>Data: " + ", ".join(f"{n} run{'s' if n != 1 else ''} on <b>{html.escape(k)}</b> data"
+                                               for k, n in kinds.items())
+            + ". Simulated runs measure the classifier on injected effects; their mismatch rates are set by "
+              "the simulator, not by real reconstructions.</p>")
+
+
+def _runs_table(df: pd.DataFrame, run_cols: list[str]) -> str:
+    """One row per run: its status, data kind, duration and varying parameters, and links to its pages."""
+    th = ("<tr>" + "".join(f"<th>{html.escape('data' if c == 'metric.data' else readable(c))}</th>" for c in run_cols)
+          + "<th>notebook</th></tr>")
+    body = []
+    for _, r in df.iterrows():
+        cells = "".join(_cell(c, r[c]) for c in run_cols)
+        links = " ".join(f'<a href="{html.escape(str(r[k]))}">{k}</a>' for k in ("html", "notebook") if _present(r[k]))
+        body.append(f'<tr class="{html.escape(str(r["status"]))}">{cells}<td>{links}</td></tr>')
+    return f"<table>{th}{''.join(body)}</table>"
+
+
+def _metric_chunks(metrics: list[str]) -> list[tuple[str, list[str]]]:
+    """Metric columns in tables of at most :data:`TABLE_METRIC_COLUMNS`: single metrics first, then each group
+    (``metric.<group>.<name>``) on its own."""
+    by_group: dict[str, list[str]] = {}
+    for c in metrics:
+        by_group.setdefault(c.split(".")[1] if c.count(".") >= 2 else "", []).append(c)
+    singles = by_group.pop("", [])
+    chunks = [("", singles[i:i + TABLE_METRIC_COLUMNS]) for i in range(0, len(singles), TABLE_METRIC_COLUMNS)]
+    for group, cols in by_group.items():
+        chunks += [(group, cols[i:i + TABLE_METRIC_COLUMNS]) for i in range(0, len(cols), TABLE_METRIC_COLUMNS)]
+    return chunks
+
+
+def _metric_tables(df: pd.DataFrame, metrics: list[str], intervals: dict[str, tuple[str, str]]) -> list[str]:
+    """The metrics of every run that has any, in narrow tables; a metric with an interval shows it beside it."""
+    tables = []
+    for group, cols in _metric_chunks(metrics):
+        label = f"{readable(group)}" if group else "metrics"
+        th = (f'<tr><th></th><th colspan="{len(cols)}">{html.escape(label)}</th></tr><tr><th>run</th>'
+              + "".join(f"<th>{html.escape(readable(c.split('.', 2)[2] if group else c))}"
+                        f"{' (95% interval)' if c in intervals else ''}</th>" for c in cols) + "</tr>")
+        rows = "".join(f'<tr class="{html.escape(str(r["status"]))}">{_cell("run", r["run"])}'
+                       + "".join(_cell(c, r[c], [r[b] for b in intervals[c]] if c in intervals else None) for c in cols)
+                       + "</tr>" for _, r in df.iterrows() if r["status"] == "ok" or any(_present(r[c]) for c in cols))
+        tables.append(f"<table class='metrics'>{th}{rows}</table>")
+    return tables
+
+
+def _failures_html(df: pd.DataFrame) -> str:
+    """Each failed run: its error and the cell that failed."""
+    return "".join(
+        f"<h3>{html.escape(str(r['run']))}</h3><p><b>{html.escape(str(r['error']))}</b></p>"
+        + (f"<p>failing cell (index {int(r['failed_cell_index'])}):</p><pre>{html.escape(str(r['failed_cell']))}</pre>"
+           if _present(r["failed_cell"]) else "")
+        for _, r in df[df.status == "failed"].iterrows())
 
 
 def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
@@ -229,79 +283,24 @@ def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
     intervals = {m: iv for m in metrics if (iv := _interval_columns(df, m))}  # shown with their metric
     bounds = {c for iv in intervals.values() for c in iv}
     metrics = [c for c in metrics if c not in bounds]
-    has_data = "metric.data" in df and df["metric.data"].map(_present).any()
-    data_note = ""
-    if has_data:
-        kinds = df["metric.data"][df["metric.data"].map(_present)].map(str).value_counts().to_dict()
-        data_note = ("<p class='data'>Data: " + ", ".join(f"{n} run{'s' if n != 1 else ''} on <b>{html.escape(k)}</b> data"
-                                                       for k, n in kinds.items())
-                     + ". Simulated runs measure the classifier on injected effects; their mismatch rates are set by "
-                       "the simulator, not by real reconstructions.</p>")
-
-    def row_class(r: pd.Series) -> str:
-        return html.escape(str(r["status"]))
-
-    run_cols = ["run", "status", *(["metric.data"] if has_data else []), "duration_s", *varying]
-    th = ("<tr>" + "".join(f"<th>{html.escape('data' if c == 'metric.data' else readable(c))}</th>" for c in run_cols)
-          + "<th>notebook</th></tr>")
-    body = []
-    for _, r in df.iterrows():
-        cells = "".join(_cell(c, r[c]) for c in run_cols)
-        links = " ".join(f'<a href="{html.escape(str(r[k]))}">{k}</a>' for k in ("html", "notebook") if _present(r[k]))
-        body.append(f'<tr class="{row_class(r)}">{cells}<td>{links}</td></tr>')
-    runs_table = f"<table>{th}{''.join(body)}</table>"
-
-    metric_tables = []
-    by_group: dict[str, list[str]] = {}
-    for c in metrics:
-        by_group.setdefault(c.split(".")[1] if c.count(".") >= 2 else "", []).append(c)
-    singles = by_group.pop("", [])
-    chunks = [("", singles[i:i + TABLE_METRIC_COLUMNS]) for i in range(0, len(singles), TABLE_METRIC_COLUMNS)]
-    for group, cols in by_group.items():
-        chunks += [(group, cols[i:i + TABLE_METRIC_COLUMNS]) for i in range(0, len(cols), TABLE_METRIC_COLUMNS)]
-    for group, cols in chunks:
-        label = f"{readable(group)}" if group else "metrics"
-        th = (f'<tr><th></th><th colspan="{len(cols)}">{html.escape(label)}</th></tr><tr><th>run</th>'
-              + "".join(f"<th>{html.escape(readable(c.split('.', 2)[2] if group else c))}"
-                        f"{' (95% interval)' if c in intervals else ''}</th>" for c in cols) + "</tr>")
-        rows = "".join(f'<tr class="{row_class(r)}">{_cell("run", r["run"])}'
-                       + "".join(_cell(c, r[c], [r[b] for b in intervals[c]] if c in intervals else None) for c in cols)
-                       + "</tr>" for _, r in df.iterrows() if r["status"] == "ok" or any(_present(r[c]) for c in cols))
-        metric_tables.append(f"<table class='metrics'>{th}{rows}</table>")
-
-    failures = "".join(
-        f"<h3>{html.escape(str(r['run']))}</h3><p><b>{html.escape(str(r['error']))}</b></p>"
-        + (f"<p>failing cell (index {int(r['failed_cell_index'])}):</p><pre>{html.escape(str(r['failed_cell']))}</pre>"
-           if _present(r["failed_cell"]) else "")
-        for _, r in df[df.status == "failed"].iterrows())
-    fixed = [c for c in params if c not in varying]
-    fixed_html = "".join(f"<li><code>{html.escape(c[6:])}</code> = {html.escape(_show(df[c].iloc[0]))}</li>" for c in fixed)
+    data_note = _data_note(df)
+    run_cols = ["run", "status", *(["metric.data"] if data_note else []), "duration_s", *varying]
+    metric_tables = _metric_tables(df, metrics, intervals)
+    failures = _failures_html(df)
+    fixed_html = "".join(f"<li><code>{html.escape(c[6:])}</code> = {html.escape(_show(df[c].iloc[0]))}</li>"
+                         for c in params if c not in varying)
     same_html = "".join(f"<li>{html.escape(readable(c))} = <b>{html.escape(_show(v))}</b></li>" for c, v in constant.items())
-    imgs = "".join(f'<figure><img src="{html.escape(str(p))}" alt="{html.escape(p.stem)}"></figure>' for p in charts)
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>
-body{{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}} table{{border-collapse:collapse;font-size:13px;
-margin:8px 0 16px;max-width:1400px}} td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right;max-width:260px;
-overflow-wrap:anywhere}} th{{white-space:normal}} td:first-child{{text-align:left}}
-tr.ok td:nth-child(2){{color:#2e7d32}} tr.failed td:nth-child(2){{color:#c62828;font-weight:bold}}
-tr.missing td:nth-child(2){{color:#777}} table.metrics tr td:nth-child(2){{color:inherit;font-weight:normal}}
-pre{{background:#f5f5f5;padding:8px;overflow:auto;white-space:pre-wrap}} p.data{{background:#fff3e0;
-border:2px solid #ef6c00;padding:8px 12px;border-radius:4px}}
-figure{{display:inline-block;margin:8px}} img{{max-width:640px}}</style></head><body>
-<h1>{html.escape(title)}</h1><p>{len(df)} runs: {html.escape(head)}</p>
-{data_note}
-{f"<p>Fixed parameters:</p><ul>{fixed_html}</ul>" if fixed_html else ""}
-<h2>Runs</h2>{runs_table}
-{"<h2>Metrics</h2>" + "".join(metric_tables) if metric_tables else ""}
-{f"<p>The same in every run (not charted):</p><ul>{same_html}</ul>" if same_html else ""}
-{f"<h2>Failed runs</h2>{failures}" if failures else ""}
-{f"<h2>Comparison across runs</h2>{imgs}" if imgs else ""}
-</body></html>
-"""
-
-
-def _write_png(fig: Figure, path: Path) -> None:
-    """Write ``fig`` to ``path`` as a PNG (atomically)."""
-    write_figure(fig, path, dpi=110)
+    imgs = linked_figures(charts)
+    return html_page(title, [
+        f"<h1>{html.escape(title)}</h1><p>{len(df)} runs: {html.escape(head)}</p>",
+        data_note,
+        f"<p>Fixed parameters:</p><ul>{fixed_html}</ul>" if fixed_html else "",
+        f"<h2>Runs</h2>{_runs_table(df, run_cols)}",
+        "<h2>Metrics</h2>" + "".join(metric_tables) if metric_tables else "",
+        f"<p>The same in every run (not charted):</p><ul>{same_html}</ul>" if same_html else "",
+        f"<h2>Failed runs</h2>{failures}" if failures else "",
+        f"<h2>Comparison across runs</h2>{imgs}" if imgs else "",
+    ], "batch")
 
 
 def _interval_columns(df: pd.DataFrame, col: str) -> tuple[str, str] | None:
@@ -344,13 +343,13 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(col: str, value: Any, interval: list[Any] | None = None) -> str:
-    value = _plain(value)
+    value = _native(value)
     if col == "duration_s" and _is_number(value):
         text = f"{value:.1f}"
     else:
         text = _show(value) if _present(value) else ""
     if text and interval and all(_is_number(v) for v in interval):
-        text += f" [{_fmt(float(_plain(interval[0])))}, {_fmt(float(_plain(interval[1])))}]"
+        text += f" [{_fmt(float(_native(interval[0])))}, {_fmt(float(_native(interval[1])))}]"
     full = text
     if len(text) > 120:
         text = text[:117] + "…"
@@ -358,20 +357,20 @@ def _cell(col: str, value: Any, interval: list[Any] | None = None) -> str:
     return f"<td{title}>{html.escape(text)}</td>"
 
 
-def _plain(v: Any) -> Any:
+def _native(v: Any) -> Any:
     """numpy scalars and arrays as plain Python values (``np.int64(5)`` -> ``5``, ``np.True_`` -> ``True``)."""
     if isinstance(v, np.generic):
         return v.item()
     if isinstance(v, np.ndarray):
-        return [_plain(x) for x in v.tolist()]
+        return [_native(x) for x in v.tolist()]
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return [_native(x) for x in v]
     return v
 
 
 def _show(v: Any) -> str:
     """A value as a reader expects it: numbers formatted, strings bare, lists and mappings as JSON."""
-    v = _plain(v)
+    v = _native(v)
     if _is_number(v):
         return _fmt(float(v))
     if isinstance(v, str):
@@ -403,7 +402,7 @@ def _fmt(v: float) -> str:
 
 
 def _present(v: Any) -> bool:
-    v = _plain(v)
+    v = _native(v)
     if isinstance(v, list):
         return True
     if v is None:
@@ -414,12 +413,12 @@ def _present(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    v = _plain(v)
+    v = _native(v)
     return isinstance(v, (int, float)) and not isinstance(v, bool) and _present(v)
 
 
 def _is_number_list(v: Any) -> bool:
-    v = _plain(v)
+    v = _native(v)
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(_is_number(x) for x in v)
 
 

@@ -25,20 +25,34 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from matplotlib.figure import Figure
 
-from kimi_eagle.apps.reports.diff_report import MAX_NOTES, _note, _plain, _reason, chart_embedder, wilson
+from kimi_eagle.apps.reports.toolkit import (
+    chart_embedder,
+    draw_charts,
+    evidence_title,
+    figure,
+    html_page,
+    html_table,
+    left_out_paragraph,
+    left_out_section,
+    no_data,
+    plain,
+    save,
+    section,
+)
 from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
-from kimi_eagle.io import atomic_path, write_figure, write_json, write_text
+from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
+from kimi_eagle.io import atomic_path, write_json, write_text
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 EVIDENCE = "billing-only"
+EVIDENCE_TAG = "billing-only evidence"  # the second line of every chart title
 DATA_LABELS = ("real", "simulated")
 CLASS_COLORS = {"match": "#388e3c", "explained": "#1976d2", "unexplained": "#d32f2f", "no_billing": "#9e9e9e",
                 "error": "#424242"}
@@ -144,21 +158,10 @@ def metrics(summary: dict[str, Any]) -> dict[str, Any]:
 # charts
 
 
-def _title(text: str, data: str) -> str:
-    return f"{text}\n[billing-only evidence · {data} data]"
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    write_figure(fig, path, dpi=110)
-    return path
-
-
 def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
     """Per-record billed − reconstructed completion tokens (clipped ±20), stacked by verdict class."""
     b = records[records["billing_delta"].notna()]
-    fig = Figure(figsize=(8.5, 4.2))
-    ax = fig.subplots()
+    fig, ax = figure((8.5, 4.2))
     bins = np.arange(-20.5, 21.5)
     if len(b):
         cls = b["verdict"].map(verdict_class)
@@ -169,17 +172,17 @@ def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
         ax.set_yscale("symlog", linthresh=10)
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no billed records", ha="center", va="center", transform=ax.transAxes, color="#777")
-    ax.set(title=_title(f"Billed − reconstructed completion tokens per record ({len(b):,} billed; clipped ±20)", data),
-           xlabel="usage.completion_tokens − reconstructed tokens", ylabel="records (symlog)")
-    return _save(fig, path)
+        no_data(ax, "billed records")
+    evidence_title(ax, f"Billed − reconstructed completion tokens per record ({len(b):,} billed; clipped ±20)", data,
+                   EVIDENCE_TAG)
+    ax.set(xlabel="usage.completion_tokens − reconstructed tokens", ylabel="records (symlog)")
+    return save(fig, path)
 
 
 def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     """Left: gap in % of billed tokens (bootstrap 95% CI), all and unexplained; right: unexplained-record rate (Wilson)."""
     t = table[table["billed_tokens"] > 0].reset_index(drop=True)
-    fig = Figure(figsize=(max(10, 1.8 * len(t) + 4), 4.4))
-    ax1, ax2 = fig.subplots(1, 2)
+    fig, (ax1, ax2) = figure((max(10, 1.8 * len(t) + 4), 4.4), ncols=2)
     x = np.arange(len(t))
     for off, what, color, label in ((-0.2, "gap_pct", "#ff8f00", "billed − reconstructed"),
                                     (0.2, "unexplained_gap_pct", "#d32f2f", "unexplained by conventions")):
@@ -188,40 +191,40 @@ def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
         bars = ax1.bar(x + off, v, 0.4, yerr=err, capsize=4, color=color, label=label)
         ax1.bar_label(bars, labels=[f"{val:+.3f}%" for val in v], padding=3, fontsize=7)
     ax1.axhline(0, color="#555", linewidth=0.8)
-    ax1.set_xticks(x, [_plain(v) for v in t[by]], rotation=20, ha="right")  # names are data, never mathtext
-    ax1.set(title=_title(f"Token gap in % of billed tokens per {by} (bootstrap 95% CI)", data), xlabel=by,
-            ylabel="% of billed completion tokens")
+    ax1.set_xticks(x, [plain(v) for v in t[by]], rotation=20, ha="right")  # names are data, never mathtext
+    evidence_title(ax1, f"Token gap in % of billed tokens per {by} (bootstrap 95% CI)", data, EVIDENCE_TAG)
+    ax1.set(xlabel=by, ylabel="% of billed completion tokens")
     ax1.legend(fontsize=8)
     rate = t["unexplained_rate"].astype(float).fillna(0).to_numpy()
     err = np.clip(np.array([rate - t["unexplained_lo"], t["unexplained_hi"] - rate], dtype=float), 0, None)
     bars = ax2.bar(x, rate, 0.6, yerr=err, capsize=4, color=CLASS_COLORS["unexplained"])
     n_billed = t[["match", "explained", "unexplained"]].sum(axis=1)
     ax2.bar_label(bars, labels=[f"{k}/{n}" for k, n in zip(t["unexplained"], n_billed)], padding=3, fontsize=8)
-    ax2.set_xticks(x, [_plain(v) for v in t[by]], rotation=20, ha="right")
+    ax2.set_xticks(x, [plain(v) for v in t[by]], rotation=20, ha="right")
     ax2.set_ylim(0, min(1.05, max(0.1, float((rate + err[1]).max()) * 1.25)) if len(t) else 1)
-    ax2.set(title=_title(f"Unexplained records per {by} (Wilson 95% CI)", data), xlabel=by,
-            ylabel="share of billed records")
-    return _save(fig, path)
+    evidence_title(ax2, f"Unexplained records per {by} (Wilson 95% CI)", data, EVIDENCE_TAG)
+    ax2.set(xlabel=by, ylabel="share of billed records")
+    return save(fig, path)
 
 
 def chart_verdicts(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     """Records per verdict class for each value of ``by`` (stacked horizontal bars)."""
     t = table[table[by] != "all"]
-    fig = Figure(figsize=(9, 0.5 * len(t) + 2.2))
-    ax = fig.subplots()
+    fig, ax = figure((9, 0.5 * len(t) + 2.2))
     left = np.zeros(len(t))
     y = np.arange(len(t))
-    ax.set_yticks(y, [_plain(v) for v in t[by]])  # names are data, never mathtext
+    ax.set_yticks(y, [plain(v) for v in t[by]])  # names are data, never mathtext
     for c in VERDICTS:
         v = t[c].to_numpy(dtype=float)
         if v.sum():
             bars = ax.barh(y, v, left=left, color=CLASS_COLORS[c], label=c)
             ax.bar_label(bars, labels=[f"{int(k)}" if k else "" for k in v], label_type="center", fontsize=8, color="#fff")
             left += v
-    ax.set(title=_title(f"Billing verdicts per {by}", data), xlabel="records", ylabel=by)
+    evidence_title(ax, f"Billing verdicts per {by}", data, EVIDENCE_TAG)
+    ax.set(xlabel="records", ylabel=by)
     if len(t):
         ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def make_charts(records: pd.DataFrame, summary: dict[str, Any], out: Path,
@@ -230,21 +233,13 @@ def make_charts(records: pd.DataFrame, summary: dict[str, Any], out: Path,
     (``{"part": "chart", "name", "reason"}``) while the others are drawn; without, the error propagates."""
     data = summary["data"]
     prov, ds = pd.DataFrame(summary["by_provider"]), pd.DataFrame(summary["by_dataset"])
-    builders = {
+    builders: dict[str, Callable[[Path], Path]] = {
         "billing_delta": lambda path: chart_delta_histogram(records, path, data),
         "billing_gap_by_provider": lambda path: chart_gap(prov, "provider", path, data),
         "billing_gap_by_dataset": lambda path: chart_gap(ds, "dataset", path, data),
         "billing_verdicts_by_provider": lambda path: chart_verdicts(prov, "provider", path, data),
     }
-    charts: dict[str, Path] = {}
-    for name, build in builders.items():
-        try:
-            charts[name] = build(out / f"{name}.png")
-        except Exception as e:  # the failed chart's standalone Figure is simply dropped
-            if notes is None:
-                raise
-            notes.append(_note("chart", None, _reason(e), name=name))
-    return charts
+    return draw_charts(builders, out, notes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,90 +260,92 @@ def segments_table(tok: Tokenizer, row: dict[str, Any], preview: int = 60) -> pd
 
 
 def _table(df: pd.DataFrame) -> str:
-    return df.to_html(index=False, border=0, classes="t", na_rep="–", float_format=lambda v: f"{v:.4g}", escape=True)
+    return html_table(df, "{:.4g}")
 
 
-def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame] | None = None,
+Image = Callable[[str, str], str]
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v:+.3f}%"
+
+
+def _headline_html(summary: dict[str, Any]) -> list[str]:
+    a = summary["all"]
+    return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
+            + f". Gap: <b>{_pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI {_pct(a['gap_pct_lo'])} … "
+            f"{_pct(a['gap_pct_hi'])}); unexplained by known conventions: <b>{_pct(a['unexplained_gap_pct'])}</b>.</p>"]
+
+
+def _verdicts_html(summary: dict[str, Any], image: Image) -> list[str]:
+    return ["<h2>Verdicts</h2>", _table(pd.DataFrame([summary["verdict"]])),
+            _table(pd.DataFrame([summary["records_with_convention"] or {"(none)": 0}])),
+            image("billing_delta", "delta histogram")]
+
+
+def _providers_html(summary: dict[str, Any], image: Image) -> list[str]:
+    return ["<h2>Per provider: gap, unexplained records, conventions followed</h2>",
+            _table(pd.DataFrame(summary["by_provider"])), image("billing_gap_by_provider", "gap per provider"),
+            image("billing_verdicts_by_provider", "verdicts per provider")]
+
+
+def _datasets_html(summary: dict[str, Any], image: Image) -> list[str]:
+    return ["<h2>Per dataset</h2>", _table(pd.DataFrame(summary["by_dataset"])),
+            image("billing_gap_by_dataset", "gap per dataset")]
+
+
+def _worst_html(summary: dict[str, Any]) -> list[str]:
+    return ["<h2>Worst unexplained records</h2>",
+            _table(pd.DataFrame(summary["worst"])) if summary["worst"] else "<p>none</p>"]
+
+
+def _segments_html(segments: dict[str, pd.DataFrame | str]) -> list[str]:
+    out = []
+    for rid, seg in segments.items():
+        out.append(f"<h3>Segments of {html.escape(rid)}</h3>")
+        out.append(_table(seg) if isinstance(seg, pd.DataFrame) else
+                   left_out_paragraph(f"segments of record {html.escape(rid)} left out: {html.escape(str(seg))}"))
+    return out
+
+
+def _reasons_html(summary: dict[str, Any]) -> list[str]:
+    if not summary["no_billing_reasons"]:
+        return []
+    return ["<h2>No billing (why)</h2>",
+            _table(pd.DataFrame([{"reason": k, "records": v} for k, v in summary["no_billing_reasons"].items()]))]
+
+
+def _errors_html(summary: dict[str, Any]) -> list[str]:
+    return ["<h2>Errors (first 20)</h2>", _table(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
+
+
+BANNER = ("<p class='banner'><b>Billing-only evidence.</b> No engine token IDs were compared: each record's "
+          "<code>usage.completion_tokens</code> (and reasoning tokens) is checked against the reconstruction. A matching "
+          "count does not prove the same IDs, and a named convention can hide a non-canonical split; only an engine diff "
+          "(<code>kimi-eagle diff --engine</code>) sees IDs. Data: <b>{data}</b>.</p>")
+
+
+def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame | str] | None = None,
                 notes: list[dict[str, Any]] | None = None) -> str:
     """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
     (and a ``section`` entry in ``notes``); every note is listed under “Left out of this report”."""
     notes = notes if notes is not None else []
     image = chart_embedder(charts, notes)
-    a, data = summary["all"], summary["data"]
-    pct = lambda v: "–" if v is None else f"{v:+.3f}%"  # noqa: E731
-
-    def headline() -> list[str]:
-        return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
-                + f". Gap: <b>{pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI {pct(a['gap_pct_lo'])} … "
-                f"{pct(a['gap_pct_hi'])}); unexplained by known conventions: <b>{pct(a['unexplained_gap_pct'])}</b>.</p>"]
-
-    def verdicts() -> list[str]:
-        return ["<h2>Verdicts</h2>", _table(pd.DataFrame([summary["verdict"]])),
-                _table(pd.DataFrame([summary["records_with_convention"] or {"(none)": 0}])),
-                image("billing_delta", "delta histogram")]
-
-    def providers() -> list[str]:
-        return ["<h2>Per provider: gap, unexplained records, conventions followed</h2>",
-                _table(pd.DataFrame(summary["by_provider"])), image("billing_gap_by_provider", "gap per provider"),
-                image("billing_verdicts_by_provider", "verdicts per provider")]
-
-    def datasets() -> list[str]:
-        return ["<h2>Per dataset</h2>", _table(pd.DataFrame(summary["by_dataset"])),
-                image("billing_gap_by_dataset", "gap per dataset")]
-
-    def worst() -> list[str]:
-        return ["<h2>Worst unexplained records</h2>",
-                _table(pd.DataFrame(summary["worst"])) if summary["worst"] else "<p>none</p>"]
-
-    def segment_tables() -> list[str]:
-        out = []
-        for rid, seg in (segments or {}).items():
-            out.append(f"<h3>Segments of {html.escape(rid)}</h3>")
-            out.append(_table(seg) if isinstance(seg, pd.DataFrame) else
-                       f"<p class='left-out'>⚠ segments of record {html.escape(rid)} left out: {html.escape(str(seg))}</p>")
-        return out
-
-    def reasons() -> list[str]:
-        if not summary["no_billing_reasons"]:
-            return []
-        return ["<h2>No billing (why)</h2>",
-                _table(pd.DataFrame([{"reason": k, "records": v} for k, v in summary["no_billing_reasons"].items()]))]
-
-    def errors() -> list[str]:
-        return ["<h2>Errors (first 20)</h2>", _table(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
-
+    data = summary["data"]
+    sections: tuple[tuple[str, Callable[[], list[str]]], ...] = (
+        ("headline", lambda: _headline_html(summary)), ("verdicts", lambda: _verdicts_html(summary, image)),
+        ("per provider", lambda: _providers_html(summary, image)), ("per dataset", lambda: _datasets_html(summary, image)),
+        ("worst records", lambda: _worst_html(summary)), ("segments", lambda: _segments_html(segments or {})),
+        ("no billing", lambda: _reasons_html(summary)), ("errors", lambda: _errors_html(summary)))
     body: list[str] = []
-    for name, build in (("headline", headline), ("verdicts", verdicts), ("per provider", providers),
-                        ("per dataset", datasets), ("worst records", worst), ("segments", segment_tables),
-                        ("no billing", reasons), ("errors", errors)):
-        try:
-            body += build()
-        except Exception as e:
-            note = _note("section", None, _reason(e), name=name)
-            notes.append(note)
-            body.append(f"<p class='left-out'>⚠ section “{html.escape(name)}” left out: {html.escape(note['reason'])}</p>")
-    left_out = []
-    if notes:
-        rows = pd.DataFrame([{"part": n["part"], "record": n["id"] if n["id"] is not None else "–",
-                              "where": n.get("name", ""), "reason": n["reason"]} for n in notes])
-        left_out = ["<h2>Left out of this report</h2>",
-                    f"<p class='left-out'>⚠ {len(notes):,} part(s) could not be drawn or rendered; the rest of the report "
-                    "stands without them (<code>summary.json[\"left_out\"]</code>).</p>", _table(rows)]
-    return "\n".join([
-        "<!doctype html><html><head><meta charset='utf-8'><title>kimi-eagle billing-only report</title><style>",
-        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table.t{border-collapse:collapse;font-size:13px}",
-        "table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}h2{margin-top:1.6em}",
-        ".banner{background:#fff3e0;border:1px solid #ff8f00;padding:.6em 1em}img{max-width:100%;border:1px solid #eee}",
-        ".left-out{background:#ffebee;border:2px solid #c62828;padding:6px 10px;border-radius:4px}",
-        "</style></head><body>",
+    for name, build in sections:
+        body += section(notes, name, build)
+    left_out = left_out_section(notes, f"{len(notes):,} part(s) could not be drawn or rendered; the rest of the report "
+                                       "stands without them (<code>summary.json[\"left_out\"]</code>).")
+    return html_page("kimi-eagle billing-only report", [
         f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
-        "<p class='banner'><b>Billing-only evidence.</b> No engine token IDs were compared: each record's "
-        "<code>usage.completion_tokens</code> (and reasoning tokens) is checked against the reconstruction. A matching "
-        "count does not prove the same IDs, and a named convention can hide a non-canonical split; only an engine diff "
-        f"(<code>kimi-eagle diff --engine</code>) sees IDs. Data: <b>{html.escape(data)}</b>.</p>",
-        *left_out, *body, "</body></html>",
-    ])
-
+        BANNER.format(data=html.escape(data)), *left_out, *body,
+    ], "billing")
 
 # --------------------------------------------------------------------------------------------
 # files
@@ -375,7 +372,7 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
             try:
                 segments[w["id"]] = segments_table(tok, by_id[w["id"]])
             except Exception as e:  # one record's odd segments never take down the report
-                notes.append(_note("segments", w["id"], _reason(e)))
+                notes.append(left_out_note("segments", w["id"], error_reason(e)))
                 segments[w["id"]] = notes[-1]["reason"]
     summary["charts"] = {k: p.name for k, p in charts.items()}
     summary["meta"] = meta or {}
@@ -387,12 +384,3 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     write_json(out / "metrics.json", metrics(summary))
     write_text(out / "report.html", page)
     return summary
-
-
-def read_billing(out_dir: str | Path) -> pd.DataFrame:
-    """The ``billing_records.parquet`` of a billing directory."""
-    return pq.read_table(Path(out_dir) / "billing_records.parquet").to_pandas()
-
-
-# --------------------------------------------------------------------------------------------
-# CLI

@@ -1,8 +1,8 @@
 """Tokenizer charts for review: token byte lengths, and where the special tokens sit in the ID space.
 
 Each chart is drawn on its own :class:`matplotlib.figure.Figure` (pyplot and its backend are never touched):
-``*_figure`` builds it, the writer saves it as a PNG and returns the path (a notebook shows it inline with
-``IPython.display.Image``).
+``*_figure`` builds it with the report toolkit (:mod:`kimi_eagle.apps.reports.toolkit`), the writer saves it as a
+PNG and returns the path (a notebook shows it inline with ``IPython.display.Image``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from kimi_eagle.io import write_figure
+from kimi_eagle.apps.reports.toolkit import figure, save
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
@@ -22,7 +22,7 @@ def display_name(tok: Tokenizer) -> str:
 
 def token_length_histogram(tok: Tokenizer, path: str | Path) -> Path:
     """:func:`token_length_figure` written as a PNG at ``path``."""
-    return _write_png(token_length_figure(tok), path)
+    return save(token_length_figure(tok), path, dpi=120, tight=False)
 
 
 def token_length_figure(tok: Tokenizer) -> Figure:
@@ -31,8 +31,7 @@ def token_length_figure(tok: Tokenizer) -> Figure:
     ordinary = [raw for i, raw in enumerate(tok.token_table) if i not in special_ids]
     lengths = [len(raw) for raw in ordinary]
     partial = sum(1 for raw in ordinary if not _is_utf8(raw))
-    fig = Figure(figsize=(8, 4.2))
-    ax = fig.subplots()
+    fig, ax = figure((8, 4.2))
     bins = range(1, min(max(lengths), 40) + 2)
     counts, edges, bars = ax.hist([min(n, 40) for n in lengths], bins=bins, color="#1976d2", edgecolor="white",
                                   label=f"ordinary tokens ({len(lengths):,})")
@@ -48,7 +47,7 @@ def token_length_figure(tok: Tokenizer) -> Figure:
 
 def special_id_map(tok: Tokenizer, path: str | Path) -> Path:
     """:func:`special_id_figure` written as a PNG at ``path``."""
-    return _write_png(special_id_figure(tok), path)
+    return save(special_id_figure(tok), path, dpi=120, tight=False)
 
 
 def special_id_figure(tok: Tokenizer) -> Figure:
@@ -57,8 +56,7 @@ def special_id_figure(tok: Tokenizer) -> Figure:
     reserved = [s for s in tok.special_tokens if s.text.startswith("<|reserved_token_")]
     lo = min(s.id for s in tok.special_tokens) - 8 if tok.special_tokens else 0
     hi = max(s.id for s in tok.special_tokens) + 2 if tok.special_tokens else tok.n_vocab
-    fig = Figure(figsize=(10, max(3, 0.22 * len(named) + 1)))
-    ax = fig.subplots()
+    fig, ax = figure((10, max(3, 0.22 * len(named) + 1)))
     ax.scatter([s.id for s in reserved], [0] * len(reserved), marker="|", color="#bdbdbd", label=f"reserved ({len(reserved)})")
     for k, s in enumerate(named, 1):
         color = "#d32f2f" if s.hf_special else "#388e3c"
@@ -71,12 +69,6 @@ def special_id_figure(tok: Tokenizer) -> Figure:
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
-
-
-def _write_png(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` as a PNG (atomically)."""
-    write_figure(fig, path, dpi=120)
-    return Path(path)
 
 
 def _is_utf8(b: bytes) -> bool:

@@ -359,7 +359,7 @@ class CompletionPlayground:
         self._render()
 
     def _render(self) -> None:
-        from kimi_eagle.chat.parse import parse_completion
+        from kimi_eagle.chat.parse import ParseOptions, parse_completion
 
         self.parsed = None
         try:
@@ -373,7 +373,8 @@ class CompletionPlayground:
         if not pasted:
             self.html.value = "<p>paste the IDs of a completion (what the engine generated after the prompt)</p>"
             return
-        self.parsed = parse_completion(pasted, self.tok, format_name=self.format.value, strip=self.strip.value)
+        self.parsed = parse_completion(pasted, self.tok,
+                                       ParseOptions(format_name=self.format.value, strip=self.strip.value))
         p = self.parsed
         self.html.value = "".join([
             f"<p>{len(pasted)} tokens &rarr; finish_reason <b>{html.escape(p.finish_reason)}</b>"

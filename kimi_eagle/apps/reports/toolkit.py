@@ -1,0 +1,187 @@
+"""The one report toolkit: figures, titles, saving, "no data" panels, tables, notes and the HTML page shell.
+
+Every report page (``kimi-eagle report``, ``kimi-eagle billing``, the batch summary, ``kimi-eagle audit``) is built
+from these parts and shares one stylesheet (:data:`STYLESHEET`, embedded by :func:`html_page`; a page never carries
+another). Charts are drawn on :class:`matplotlib.figure.Figure` objects, so nothing here touches pyplot's backend,
+and saved through :func:`kimi_eagle.io.write_figure` (atomically). A part that fails (a chart, a section) becomes a
+visible note: :func:`section`, :func:`chart_embedder` and :func:`left_out_section` show the notes that
+:func:`kimi_eagle.diff.summary.left_out_note` records.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from kimi_eagle.diff.summary import error_reason, left_out_note
+from kimi_eagle.io import write_figure
+
+Notes = list[dict[str, Any]]
+
+# --------------------------------------------------------------------------------------------
+# figures
+
+
+def figure(figsize: tuple[float, float], ncols: int = 1) -> tuple[Figure, Any]:
+    """A figure detached from pyplot (no backend involved) and its axes (one, or a row of ``ncols``)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(1, ncols)
+
+
+def title(ax: Any, text: str, data: str | None = None, fontsize: float = 10.5, wrap_to: str = "axes") -> None:
+    """Set ``ax``'s title, prefixed with the data kind (``[SIMULATED data]`` / ``[REAL data]``) when ``data`` is
+    given, wrapped to the width of the axes (``wrap_to="axes"``) or of the figure (``"figure"``) so it is never
+    clipped."""
+    full = f"[{data.upper()} data] {text}" if data else text
+    fig = ax.figure
+    width = ax.get_position().width if wrap_to == "axes" else 1.0
+    chars = max(20, int(width * fig.get_figwidth() * 72 / (fontsize * 0.55)))
+    ax.set_title("\n".join(textwrap.wrap(full, chars)), fontsize=fontsize)
+
+
+def evidence_title(ax: Any, text: str, data: str, evidence: str) -> None:
+    """Set ``ax``'s title with a second line naming the evidence and the data kind:
+    ``text\\n[billing-only evidence · real data]``."""
+    ax.set_title(f"{text}\n[{evidence} · {data} data]")
+
+
+def plain(label: Any) -> str:
+    """``label`` as literal text for matplotlib: ``$`` escaped so that a name like ``$\\frac{$`` is not read as
+    mathtext."""
+    return str(label).replace("$", r"\$")
+
+
+def no_data(ax: Any, what: str) -> None:
+    """Say ``no <what>`` in the middle of an empty panel."""
+    ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes, color="#777")
+
+
+def save(fig: Figure, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:
+    """Write ``fig`` as a PNG to ``path`` (atomically; laid out tight first unless ``tight`` is False)."""
+    if tight:
+        fig.tight_layout()
+    write_figure(fig, path, dpi=dpi)
+    return Path(path)
+
+
+def draw_charts(builders: dict[str, Callable[[Path], Path]], out: Path, notes: Notes | None = None) -> dict[str, Path]:
+    """Run each ``builders[name](out / f"{name}.png")`` and return the written paths by name. With ``notes``, a
+    chart that fails is left out and noted there (``{"part": "chart", "name", "reason"}``) while the others are
+    drawn; without, the error propagates. A builder that returns None draws nothing."""
+    charts: dict[str, Path] = {}
+    for name, build in builders.items():
+        try:
+            path = build(out / f"{name}.png")
+            if path is not None:
+                charts[name] = path
+        except Exception as e:  # the failed chart's standalone Figure is simply dropped
+            if notes is None:
+                raise
+            notes.append(left_out_note("chart", None, error_reason(e), name=name))
+    return charts
+
+
+# --------------------------------------------------------------------------------------------
+# HTML parts
+
+
+def html_table(df: pd.DataFrame, float_format: str = "{:.3f}") -> str:
+    """``df`` as an escaped HTML table of class ``t`` (no index; missing values as ``–``)."""
+    return df.to_html(index=False, border=0, classes="t", na_rep="–",
+                      float_format=lambda v: float_format.format(v), escape=True)
+
+
+def left_out_paragraph(text_html: str) -> str:
+    """A visible warning (``text_html`` is already escaped)."""
+    return f"<p class='left-out'>⚠ {text_html}</p>"
+
+
+def section(notes: Notes, name: str, build: Callable[[], list[str]]) -> list[str]:
+    """``build()``'s HTML parts, or, when it raises, a visible note naming the section and the reason (also
+    appended to ``notes`` as ``{"part": "section", "name", "reason"}``)."""
+    try:
+        return build()
+    except Exception as e:
+        note = left_out_note("section", None, error_reason(e), name=name)
+        notes.append(note)
+        return [left_out_paragraph(f"section “{html.escape(name)}” left out: {html.escape(note['reason'])}")]
+
+
+def left_out_section(notes: Notes, said_html: str, limit: int | None = None) -> list[str]:
+    """“Left out of this report”: ``said_html`` (what was left out, escaped) as a warning and a table of the
+    notes (the first ``limit`` of them); nothing when there are no notes."""
+    if not notes:
+        return []
+    rows = pd.DataFrame([{"part": n["part"], "record": n["id"] if n["id"] is not None else "–",
+                          "where": n.get("name", n.get("hunk", "")), "reason": n["reason"]} for n in notes[:limit]])
+    return ["<h2>Left out of this report</h2>", left_out_paragraph(said_html), html_table(rows)]
+
+
+def chart_embedder(charts: dict[str, Path], notes: Notes) -> Callable[[str, str], str]:
+    """``image(name, alt)``: the chart's PNG inlined as an ``<img>``, or a visible note saying why it was left out."""
+    img = {k: base64.b64encode(Path(p).read_bytes()).decode() for k, p in charts.items()}
+
+    def image(name: str, alt: str) -> str:
+        if name in img:
+            return f"<img alt='{html.escape(alt, quote=True)}' src='data:image/png;base64,{img[name]}'>"
+        why = next((n["reason"] for n in notes if n["part"] == "chart" and n.get("name") == name), "not drawn")
+        return left_out_paragraph(f"chart “{html.escape(name)}” left out: {html.escape(why)}")
+
+    return image
+
+
+def linked_figures(paths: Sequence[Path]) -> str:
+    """Charts linked by relative path (``<figure><img src=...></figure>``), for a page that sits beside them."""
+    return "".join(f'<figure><img src="{html.escape(str(p))}" alt="{html.escape(p.stem)}"></figure>' for p in paths)
+
+
+# --------------------------------------------------------------------------------------------
+# the page shell
+
+STYLESHEET = """\
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
+h2{margin-top:1.6em}
+table.t{border-collapse:collapse;font-size:13px}
+table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+img{max-width:100%;border:1px solid #eee}
+.data{padding:8px 12px;border-radius:4px;font-size:15px}
+.data.simulated{background:#fff3e0;border:2px solid #ef6c00}
+.data.real{background:#e8f5e9;border:2px solid #2e7d32}
+.banner{background:#fff3e0;border:1px solid #ff8f00;padding:.6em 1em}
+.left-out{background:#ffebee;border:2px solid #c62828;padding:6px 10px;border-radius:4px}
+pre{background:#f5f5f5;padding:8px;overflow:auto;white-space:pre-wrap}
+figure{display:inline-block;margin:8px}
+body.batch{max-width:1400px}
+body.batch table{border-collapse:collapse;font-size:13px;margin:8px 0 16px;max-width:1400px}
+body.batch td,body.batch th{border:1px solid #ccc;padding:3px 8px;text-align:right;max-width:260px;overflow-wrap:anywhere}
+body.batch th{white-space:normal}
+body.batch td:first-child{text-align:left}
+body.batch p.data{background:#fff3e0;border:2px solid #ef6c00;font-size:inherit}
+body.batch img{max-width:640px}
+tr.ok td:nth-child(2){color:#2e7d32}
+tr.failed td:nth-child(2){color:#c62828;font-weight:bold}
+tr.missing td:nth-child(2){color:#777}
+table.metrics tr td:nth-child(2){color:inherit;font-weight:normal}
+"""
+PAGE_KINDS = ("report", "billing", "batch", "audit")
+
+
+def html_page(page_title: str, body: Sequence[str], kind: str) -> str:
+    """A self-contained page: ``<title>`` (escaped here), the one :data:`STYLESHEET` and ``body`` (HTML parts,
+    already escaped) inside ``<body class="kind">``; ``kind`` is one of :data:`PAGE_KINDS`."""
+    if kind not in PAGE_KINDS:
+        raise ValueError(f"kind must be one of {PAGE_KINDS}, not {kind!r}")
+    return "\n".join([
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(page_title)}</title>",
+        f"<style>\n{STYLESHEET}</style>",
+        f"</head><body class='{kind}'>",
+        *body,
+        "</body></html>",
+        "",
+    ])

@@ -1,0 +1,170 @@
+"""Charts of drafter training and evaluation: training curves, τ per method, the ablation's arms.
+
+Each chart is drawn on its own :class:`matplotlib.figure.Figure` (pyplot and its backend are never touched):
+the function returns the figure (a notebook displays it) and, given ``path``, also writes it as a PNG
+(atomically). The numbers come from the library: :func:`~kimi_eagle.eagle3.train.read_history` entries,
+:func:`~kimi_eagle.eagle3.evaluate.tau_table` rows and :func:`~kimi_eagle.eagle3.ablation.run_ablation`'s table.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from kimi_eagle.eagle3.train import read_history
+from kimi_eagle.io import write_figure
+
+LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}  # one per run, in turn
+TRAIN_CURVES = "train_curves.png"  # the chart `kimi-eagle train` writes beside its log
+
+
+def _saved(fig: Figure, path: str | Path | None) -> Figure:
+    if path is not None:
+        write_figure(fig, path, dpi=110)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------
+# training
+
+
+def plot_history(history: Sequence[dict], path: str | Path | None = None) -> Figure:
+    """Loss and accuracy of every unroll step over one training run; also written to ``path`` (PNG,
+    atomically) when given. Returns the figure."""
+    steps = [h["step"] for h in history]
+    fig = Figure(figsize=(10, 3.6))
+    a1, a2 = fig.subplots(1, 2)
+    for k in range(len(history[0]["acc"])):
+        a1.plot(steps, [h["step_loss"][k] for h in history], label=f"step {k}", alpha=0.8)
+        a2.plot(steps, [h["acc"][k] for h in history], label=f"step {k}", alpha=0.8)
+    a1.set(title="soft cross-entropy per unroll step", xlabel="optimizer step", ylabel="loss")
+    a2.set(title="top-1 agreement with the target (draft vocab)", xlabel="optimizer step", ylabel="accuracy", ylim=(0, 1))
+    a2.legend(fontsize=7)
+    fig.tight_layout()
+    return _saved(fig, path)
+
+
+def write_train_curves(train_dir: str | Path) -> Path | None:
+    """:func:`plot_history` of ``train_dir/train_log.jsonl`` written to ``train_dir/train_curves.png``;
+    returns the path, or None (nothing written) when the log is missing or empty."""
+    train_dir = Path(train_dir)
+    history = read_history(train_dir / "train_log.jsonl")
+    if not history:
+        return None
+    plot_history(history, train_dir / TRAIN_CURVES).clear()  # a standalone figure: nothing else holds it
+    return train_dir / TRAIN_CURVES
+
+
+def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None) -> Figure:
+    """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
+    per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
+    ``train_log.jsonl`` path or its :func:`~kimi_eagle.eagle3.train.read_history` entries. Also written to
+    ``path`` (PNG, atomically) when given. Returns the figure (not registered with pyplot). The first run is
+    drawn wide and translucent, later runs thin and opaque on top, so a dashed line stays visible where
+    runs coincide."""
+    fig = Figure(figsize=(11, 4.2))
+    a_loss, a_acc = fig.subplots(1, 2)
+    for i, (name, run) in enumerate(runs.items()):
+        history = read_history(run) if isinstance(run, (str, Path)) else list(run)
+        style = list(LINE_STYLES)[i % len(LINE_STYLES)]
+        look = {"linewidth": 3.0, "alpha": 0.45, "zorder": 2} if i == 0 else {"linewidth": 1.3, "alpha": 1.0, "zorder": 3 + i}
+        steps = [h["step"] for h in history]
+        a_loss.plot(steps, [h["loss"] for h in history], style, label=name, **look)
+        for k in range(len(history[0]["acc"]) if history else 0):
+            a_acc.plot(steps, [h["acc"][k] for h in history], style, color=f"C{k}",
+                       label=f"TTT step {k}" if i == 0 else None, **look)
+    styles = ", ".join(f"{list(LINE_STYLES.values())[i % len(LINE_STYLES)]}: {name}" for i, name in enumerate(runs))
+    a_loss.set(title="step-0 soft cross-entropy", xlabel="optimizer step")
+    a_acc.set(xlabel="optimizer step", ylim=(0, 1))
+    a_acc.set_title(f"agreement with the target\n({styles})", fontsize=10)
+    a_loss.legend()
+    a_acc.legend(fontsize=7, ncols=2)
+    fig.tight_layout()
+    return _saved(fig, path)
+
+
+# ------------------------------------------------------------------------------------------
+# evaluation
+
+
+def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
+             path: str | Path | None = None, intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+             model: str = "") -> Figure:
+    """Grouped bars of τ per decoding mode, one bar per row of a :func:`~kimi_eagle.eagle3.evaluate.tau_table`,
+    with error bars from ``intervals`` (:func:`~kimi_eagle.eagle3.evaluate.tau_intervals`) where given;
+    ``model`` (the target) is named in the title. Also written to ``path`` (PNG, atomically) when given.
+    Returns the figure (not registered with pyplot)."""
+    fig = Figure(figsize=(7.5, 3.9))
+    ax = fig.subplots()
+    width = 0.8 / max(1, len(table))
+    for i, (label, row) in enumerate(table.items()):
+        heights = [row[m] for m in modes]
+        err = None
+        if intervals and label in intervals:
+            ci = [intervals[label].get(m) for m in modes]
+            err = [[h - c[0] if c else 0.0 for h, c in zip(heights, ci)], [c[1] - h if c else 0.0 for h, c in zip(heights, ci)]]
+        bars = ax.bar([j + width * i for j in range(len(modes))], heights, width=width, label=label, yerr=err,
+                      capsize=3, error_kw={"ecolor": "#333", "elinewidth": 0.9})
+        ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2, label_type="center", color="white")
+    ax.set_xticks([j + width * (len(table) - 1) / 2 for j in range(len(modes))], list(modes))
+    ax.axhline(1, color="#999", linewidth=0.8)
+    ax.margins(y=0.12)
+    heading = title or "acceptance length τ"
+    if model:
+        heading = f"{heading} — target {model}"
+    if intervals:
+        heading += " (error bars: 95% interval over prompts)"
+    ax.set_title("\n".join(textwrap.wrap(heading, 80)), fontsize=10)
+    ax.set(xlabel="decoding", ylabel="acceptance length τ")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _saved(fig, path)
+
+
+# ------------------------------------------------------------------------------------------
+# the ablation
+
+
+def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None) -> Figure:
+    """τ per arm with its 95 % bootstrap interval, one panel per decoding mode; also written to ``path``.
+
+    A standalone ``Figure`` (no pyplot state): display it, or it is simply garbage-collected."""
+    modes = list(dict.fromkeys(r["mode"] for r in table))
+    fig = Figure(figsize=(5.5 * len(modes), 3.8))
+    axes = fig.subplots(1, len(modes), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        rows = [r for r in table if r["mode"] == mode]
+        y = np.arange(len(rows))[::-1]
+        taus = np.array([r["tau"] for r in rows])
+        err = np.array([[r["tau"] - r["lo"] for r in rows], [r["hi"] - r["tau"] for r in rows]])
+        colors = ["#c0392b" if r.get("significant") else "C0" for r in rows]
+        ax.errorbar(taus, y, xerr=err, fmt="none", ecolor="#555", capsize=3)
+        ax.scatter(taus, y, c=colors, zorder=3)
+        ax.set_yticks(y, [r["arm"] for r in rows], fontsize=8)
+        ax.set(xlabel="acceptance length τ (95% bootstrap interval)", title=f"{mode}")
+    fig.suptitle(title or "τ per arm (red: differs significantly from the reference)", fontsize=10)
+    fig.tight_layout()
+    return _saved(fig, path)
+
+
+def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", title: str = "",
+                       path: str | Path | None = None) -> Figure:
+    """τ against the injected re-segmentation rate (0 = the plain reconstructed-IDs arm), one line per
+    decoding mode, with 95 % intervals; also written to ``path`` (a standalone ``Figure``)."""
+    fig = Figure(figsize=(6, 3.6))
+    ax = fig.subplots()
+    for i, mode in enumerate(dict.fromkeys(r["mode"] for r in table)):
+        rows = sorted((r for r in table if r["mode"] == mode and r["ids"] == reference_ids and r["storage"] == "bf16"),
+                      key=lambda r: r["inject_rate"])
+        x = [100 * r["inject_rate"] for r in rows]
+        ax.errorbar(x, [r["tau"] for r in rows], yerr=[[r["tau"] - r["lo"] for r in rows], [r["hi"] - r["tau"] for r in rows]],
+                    marker="o", capsize=3, color=f"C{i}", label=mode)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set(xlabel="completion tokens re-segmented (%)", ylabel="τ (95% bootstrap interval)",
+           title=title or "τ against injected tokenization drift")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _saved(fig, path)
