@@ -11,14 +11,25 @@ shards for ``kimi-eagle train``, ``hs_{row}.safetensors`` for speculators). Then
    its ``Trainer`` needs a GPU, so a minimal loop drives it),
 
 with the same draft vocabulary, TTT length and step weight, batch size, rows per step (the kit's
-``batch_indices`` with the seed), AdamW settings, LR schedule and step count. Training tokens/s (real,
-unpadded tokens of the same rows, loop time only) for both, and the ratio kit/peer. Both drafters are then
+``batch_indices`` with the seed), AdamW settings, LR schedule and step count. The peer's drafter and TTT
+settings are the runbook's (``configs.RECIPE``, the flags ``speculators.sh`` passes: no extra norms, full
+attention, 7 TTT steps, decay 0.8); its attention is ``--peer-attn`` (default ``sdpa``, its fastest on CPU;
+flex attention, its GPU default, has no CPU backward), packed like its ``CollateFn`` unless ``--no-pack``.
+
+First a tokens/s table (forward + backward of one step on the same rows): one row and
+``--batch-size`` rows (best of 5 after a warm-up), the kit against the peer with ``eager`` and ``sdpa``, packed and unpacked. Then the
+training runs: tokens/s (real, unpadded tokens of the same rows, loop time only) for both, the ratio
+kit/peer, and step 0's loss at every step on both sides (kit: soft cross-entropy; peer: KL, the same
+minus the target's entropy). What the ratio means: CPU time per trained token of these two implementations
+at stories260K size; not GPU speed (speculators' flex attention skips masked blocks on a GPU and its fused
+losses need Triton; neither runs here). Both drafters are then
 evaluated by the kit's ``evaluate_drafter`` on the same held-out prompts (the peer's saved checkpoint loaded
 by ``load_drafter`` through :mod:`kimi_eagle.eagle3.speculators_checkpoint`), greedy and at temperature 1;
 τ with 95 % two-way bootstrap intervals (seeds × prompts) and the paired difference kit − peer
 (:func:`~kimi_eagle.eagle3.ablation.bootstrap_tau`). Prints one JSON summary with the wall time; files under ``--out``.
 
-    python bench/peer_trainer.py [--out runs/bench_peer] [--samples 48] [--max-tokens 48] [--steps 40] [--seeds 0,1,2] [--eval-prompts 12]
+    python bench/peer_trainer.py [--out runs/bench_peer] [--samples 32] [--max-tokens 48] [--steps 20] [--seeds 0,1]
+                                 [--eval-prompts 8] [--peer-attn sdpa|eager] [--no-pack] [--scaling]
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kimi_eagle.apps.interop.configs import RECIPE
 from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.apps.interop.peer import PeerConfig, train_peer
 from kimi_eagle.assets import stories_dir
@@ -75,15 +87,30 @@ def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
     return kit_dir, spec_dir, held_out
 
 
-def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int = 3) -> list[dict]:
-    """Seconds per training step (forward + backward) of both trainers for batches of 1, 2, 4, 8 rows (the same
-    rows): the kit pads rows into ``[B, T]`` and attends within each row; speculators packs them into one
-    sequence of ``Σ T`` tokens and builds dense ``[ΣT, (k+1)·ΣT]`` masks on the eager path."""
+def timed(step, repeats: int) -> float:
+    """Best seconds of ``repeats`` calls of ``step`` (a forward returning the loss; backward included), after
+    one untimed warm-up call."""
+    best = float("inf")
+    for k in range(repeats + 1):
+        t0 = time.perf_counter()
+        loss = step()
+        if loss is not None:
+            loss.backward()
+        if k:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int = 5) -> list[dict]:
+    """Training tokens/s (forward + backward of one step, best of ``repeats``) of both trainers on the same rows,
+    one row and ``--batch-size`` rows a step. The kit pads rows into ``[B, T]`` and attends within each row; the
+    peer (speculators' model, the runbook's drafter) runs with ``eager`` and ``sdpa`` attention, packed (its
+    ``CollateFn``: one sequence of ``Σ T`` tokens with document masks) and unpacked (one row at a time)."""
     from types import SimpleNamespace
 
     from speculators.losses import resolve_loss_config
 
-    from kimi_eagle.apps.interop.peer import PeerData, build_model
+    from kimi_eagle.apps.interop.peer import PeerData, build_model, peer_step
     from kimi_eagle.eagle3 import draft_vocab
     from kimi_eagle.eagle3.model import Eagle3Drafter, target_tensor
     from kimi_eagle.eagle3.train import TTTLoss, collate
@@ -95,47 +122,49 @@ def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int =
     lm_head = target_tensor(target_dir, "lm_head.weight")
     tcfg = SimpleNamespace(**json.loads((Path(target_dir) / "config.json").read_text()))
     kit = TTTLoss(Eagle3Drafter.from_target_weights(tcfg, target_tensor(target_dir, "embed_tokens.weight"), lm_head, vocab,
-                                                    data.layer_ids), lm_head[vocab.draft_to_target].float(), args.ttt_steps, 0.8)
-    peer = build_model(PeerConfig(str(spec_dir), target_dir, "", ttt_steps=args.ttt_steps,
-                                  draft_vocab_size=args.draft_vocab_size), data.layer_ids)
-    peer_data, loss_config = PeerData(spec_dir, peer.hidden_size), resolve_loss_config("kl_div", "eager")
+                                                    data.layer_ids), lm_head[vocab.draft_to_target].float(),
+                  RECIPE.ttt_steps, RECIPE.ttt_step_loss_decay)
+    peers = {}
+    for impl in ("eager", "sdpa"):
+        cfg = PeerConfig(str(spec_dir), target_dir, "", draft_vocab_size=args.draft_vocab_size, attn_impl=impl)
+        peers[impl] = (cfg, build_model(cfg, data.layer_ids))
+    peer_data, loss_config = PeerData(spec_dir, peers["sdpa"][1].hidden_size), resolve_loss_config("kl_div", "eager")
     out = []
-    for n in (1, 2, 4, 8):
+    for n in sorted({1, args.batch_size}):
         rows = list(range(n))
         kb = collate([data[i] for i in rows])
-        pb = peer_data.batch([index[data.row_ids[i]] for i in rows])
-        times = {}
-        for name, step in (("kit", lambda: kit(kb["aux"], kb["input_ids"], kb["loss_mask"], kb["final"])[0]),
-                           ("peer", lambda: peer(**pb, ttt_steps=args.ttt_steps, ttt_step_loss_decay=0.8, loss_config=loss_config)[1])):
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                step().backward()
-                best = min(best, time.perf_counter() - t0)
-            times[name] = best
-        tokens = sum(data.lengths()[i] for i in rows)
-        out.append({"rows": n, "tokens": tokens, "kit_ms_per_token": round(1000 * times["kit"] / tokens, 3),
-                    "peer_ms_per_token": round(1000 * times["peer"] / tokens, 3),
-                    "ratio_peer_over_kit": round(times["peer"] / times["kit"], 1)})
+        arrow = [index[data.row_ids[i]] for i in rows]
+        tokens = sum(data.lengths()[i] - 1 for i in rows)  # the tokens both sides train on (the last has no next)
+        kit_s = timed(lambda: kit(kb["aux"], kb["input_ids"], kb["loss_mask"], kb["final"])[0], repeats)
+        row = {"rows": n, "tokens": tokens, "kit_tokens_per_s": round(tokens / kit_s, 1)}
+        for impl, (cfg, model) in peers.items():
+            for pack in ((True, False) if n > 1 else (True,)):
+                run = PeerConfig(**{**cfg.__dict__, "pack": pack})
+                peer_s = timed(lambda: peer_step(model, peer_data, arrow, run, loss_config) and None, repeats)  # backward inside
+                name = f"peer_{impl}" + ("" if n == 1 else ("_packed" if pack else "_unpacked"))
+                row[f"{name}_tokens_per_s"] = round(tokens / peer_s, 1)
+                row[f"kit_over_{name}"] = round(peer_s / kit_s, 2)
+        out.append(row)
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_peer")
-    p.add_argument("--samples", type=int, default=48)
+    p.add_argument("--samples", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--eval-prompts", type=int, default=12)
-    p.add_argument("--eval-max-new-tokens", type=int, default=48)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--eval-prompts", type=int, default=8)
+    p.add_argument("--eval-max-new-tokens", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--peer-attn", choices=("sdpa", "eager"), default="sdpa", help="the peer's attention in the training runs")
+    p.add_argument("--no-pack", action="store_true", help="the peer trains one row at a time instead of packing a step's rows")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--draft-vocab-size", type=int, default=256)
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", default="0,1")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--scaling", action="store_true", help="only time one step of each trainer for 1, 2, 4, 8 packed rows")
+    p.add_argument("--scaling", action="store_true", help="only the tokens/s table (1 and --batch-size rows, eager/sdpa, packed/unpacked)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -146,8 +175,9 @@ def main() -> None:
     model = load_target(target_dir)
     kit_dir, spec_dir, held_out = prepare(out, target_dir, args, model)
     prep_s = time.perf_counter() - start
+    speed_table = scaling(kit_dir, spec_dir, target_dir, args)
+    print(json.dumps({"tokens_per_s": speed_table}), flush=True)
     if args.scaling:
-        print(json.dumps(scaling(kit_dir, spec_dir, target_dir, args), indent=1))
         return
 
     kit_data = HiddenStates(kit_dir)
@@ -162,25 +192,30 @@ def main() -> None:
         kit_out = out / "kit" / f"seed{seed}"
         t0 = time.perf_counter()
         summary = train_drafter(TrainConfig(
-            data=str(kit_dir), target=target_dir, out=str(kit_out), steps=args.steps, ttt_steps=args.ttt_steps,
-            batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size, seed=seed,
-            save_every=args.steps, log_every=max(1, args.steps // 10), progress=False))
+            data=str(kit_dir), target=target_dir, out=str(kit_out), steps=args.steps, ttt_steps=RECIPE.ttt_steps,
+            step_weight=RECIPE.ttt_step_loss_decay, batch_size=args.batch_size, lr=args.lr,
+            draft_vocab_size=args.draft_vocab_size, seed=seed, save_every=args.steps, log_every=1, progress=False,
+            resume=False))  # fresh each run: it measures speed
         kit_wall = time.perf_counter() - t0
         kit_loop = padded_tokens / summary["train_tokens_per_s"]  # train_drafter counts padded tokens over its loop
         history = read_history(kit_out / "train_log.jsonl")
         peer_out = out / "peer" / f"seed{seed}"
         t0 = time.perf_counter()
-        peer = train_peer(PeerConfig(str(spec_dir), target_dir, str(peer_out), steps=args.steps, ttt_steps=args.ttt_steps,
-                                     batch_size=args.batch_size, lr=args.lr, draft_vocab_size=args.draft_vocab_size, seed=seed),
+        peer = train_peer(PeerConfig(str(spec_dir), target_dir, str(peer_out), steps=args.steps, batch_size=args.batch_size,
+                                     lr=args.lr, draft_vocab_size=args.draft_vocab_size, seed=seed,
+                                     attn_impl=args.peer_attn, pack=not args.no_pack),
                           kit_data.layer_ids, [[arrow_index[kit_data.row_ids[i]] for i in b] for b in steps])
         peer_wall = time.perf_counter() - t0
         kit_drafter, peer_drafter = load_drafter(kit_out / "drafter"), load_drafter(peer_out / "drafter", target_dir)
         assert torch.equal(kit_drafter.d2t, peer_drafter.d2t), "the two drafters must share the draft vocabulary"
         for name, path, loop, wall, extra in (
-                ("kit", kit_out / "drafter", kit_loop, kit_wall, {"final_loss0": history[-1]["loss"], "final_acc0": history[-1]["acc"][0]}),
+                ("kit", kit_out / "drafter", kit_loop, kit_wall,
+                 {"final_loss0": history[-1]["loss"], "final_acc0": history[-1]["acc"][0],
+                  "loss0_per_step": [round(h["loss"], 4) for h in history]}),
                 ("peer", peer_out / "drafter", peer["seconds"], peer_wall,
                  {"final_loss0": round(float(np.mean(peer["losses"][-max(1, args.steps // 10):])), 4),
-                  "final_acc0": round(float(np.mean(peer["acc0"][-max(1, args.steps // 10):])), 4)})):
+                  "final_acc0": round(float(np.mean(peer["acc0"][-max(1, args.steps // 10):])), 4),
+                  "loss0_per_step": [round(x, 4) for x in peer["losses"]]})):
             t0 = time.perf_counter()
             options = EvaluateOptions(k=args.k, max_new_tokens=args.eval_max_new_tokens, temperatures=(0.0, 1.0), seed=seed,
                                       ngram=False)
@@ -209,8 +244,12 @@ def main() -> None:
     result = {
         "wall_s": round(time.perf_counter() - start, 1), "prepare_s": round(prep_s, 1),
         "settings": {k: getattr(args, k) for k in ("samples", "max_tokens", "eval_prompts", "eval_max_new_tokens", "steps",
-                                                   "ttt_steps", "batch_size", "lr", "draft_vocab_size", "k", "seeds", "threads")},
+                                                   "batch_size", "lr", "draft_vocab_size", "k", "seeds", "threads",
+                                                   "peer_attn", "no_pack")} | {"runbook_flags": " ".join(RECIPE.flags())},
+        "tokens_per_s_table": speed_table,
         "train_tokens_per_s": speed, "speed_ratio_kit_over_peer": round(speed["kit"] / speed["peer"], 2),
+        # step 0's loss at every step of seed 0: kit soft cross-entropy, peer KL (= CE minus the target's entropy)
+        "loss0_per_step_seed0": {n: runs[n][0]["loss0_per_step"] for n in runs},
         # step 0 of the last tenth of training: kit soft cross-entropy, peer KL (= CE minus the target's entropy)
         "final_loss0": {n: [r["final_loss0"] for r in runs[n]] for n in runs},
         "final_acc0": {n: [r["final_acc0"] for r in runs[n]] for n in runs},

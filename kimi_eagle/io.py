@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
+import orjson
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -241,11 +243,44 @@ def depth_error(text: str | bytes, obj: Any) -> str | None:
     return None
 
 
+# bytes marked for one C-speed pass: digits 1 (19 in a row: an integer orjson would read as a float), "{" and "[" 2
+_SCAN_MARKS = bytes(1 if 48 <= b <= 57 else 2 if b in b"{[" else 0 for b in range(256))
+_DIGIT_RUN = b"\x01" * 19
+
+
+def fast_loads(data: bytes) -> tuple[bool, Any]:
+    """``(True, value)`` when orjson parses the UTF-8 JSON ``data`` to provably what ``json.loads`` gives and the
+    value nests no deeper than ``MAX_DEPTH``; ``(False, None)`` when the standard path must decide.
+
+    orjson's value is taken only when orjson accepts the bytes and they hold no run of 19 digits (orjson reads
+    an integer beyond 64 bits as a float; a long mantissa). Everything else (NaN/Infinity, lone surrogates,
+    1e400, bad JSON, invalid UTF-8, deep nesting) is left to the caller's ``json.loads``, so its values, errors
+    and messages stay the standard library's. orjson refuses the constants a ``parse_constant`` hook is called
+    for, so such a hook only ever runs in the fallback.
+    """
+    marks = data.translate(_SCAN_MARKS)
+    if _DIGIT_RUN in marks:
+        return False, None
+    try:
+        obj = orjson.loads(data)
+    except Exception:  # any refusal (JSONDecodeError, a limit): the standard path decides, with its message
+        return False, None
+    if marks.count(2) > MAX_DEPTH and json_depth(obj) > MAX_DEPTH:
+        return False, None
+    return True, obj
+
+
+def loads_exact(text: str, parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """``json.loads(text, parse_constant=parse_constant)``, value and error alike, through :func:`fast_loads`."""
+    ok, obj = fast_loads(text.encode("utf-8", "surrogatepass"))  # a lone surrogate: bytes orjson refuses
+    return obj if ok else json.loads(text, parse_constant=parse_constant)
+
+
 def loads_checked(text: str) -> Any:
     """``json.loads`` that raises ``ValueError`` with a readable reason for anything it cannot take:
     bad JSON, numbers beyond Python's digit limit, nesting deeper than ``MAX_DEPTH``."""
     try:
-        obj = json.loads(text)
+        obj = loads_exact(text)
     except RecursionError:
         raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
     except json.JSONDecodeError:
@@ -258,15 +293,25 @@ def loads_checked(text: str) -> Any:
     return obj
 
 
-def _values(text: str) -> list[Any] | None:
-    """The JSON values of a line holding several one after another, or None if it is not that."""
+# characters some tools end records with that are not JSONL line breaks (which are only LF, CRLF and CR)
+FOREIGN_SEPARATORS = {"\f": "U+000C form feed", "\v": "U+000B vertical tab", "\x1c": "U+001C file separator",
+                      "\x1d": "U+001D group separator", "\x1e": "U+001E record separator",
+                      "\x85": "U+0085 next line", "\u2028": "U+2028 line separator",
+                      "\u2029": "U+2029 paragraph separator"}
+
+
+def _values(text: str, separators: set[str] | None = None) -> list[Any] | None:
+    """The JSON values of a line holding several one after another, or None if it is not that; the
+    :data:`FOREIGN_SEPARATORS` met between values are added to ``separators``."""
     decoder = json.JSONDecoder()
     values, i, n = [], 0, len(text)
     try:
         while i < n:
             value, i = decoder.raw_decode(text, i)
             values.append(value)
-            while i < n and text[i] in " \t":
+            while i < n and (text[i] in " \t" or text[i] in FOREIGN_SEPARATORS):
+                if separators is not None and text[i] in FOREIGN_SEPARATORS:
+                    separators.add(text[i])
                 i += 1
     except (ValueError, RecursionError):
         return None
@@ -290,16 +335,22 @@ def parse_line(raw: bytes, lineno: int) -> list[Line]:
         bad = raw[e.start:e.end].hex(" ")
         return [Line(lineno, None, f"line {lineno}: invalid UTF-8 at byte {e.start} ({bad}: {e.reason}); "
                                   f"not UTF-8 text (CESU-8, Latin-1, a torn write?)", obj)]
+    ok, obj = fast_loads(raw)
+    if ok:
+        return [Line(lineno, obj, None)]
     try:
         obj = json.loads(text)
     except RecursionError:
         return [Line(lineno, None, f"line {lineno}: nested more than {MAX_DEPTH} levels deep")]
     except json.JSONDecodeError as e:
-        values = _values(text) if e.msg == "Extra data" else None
+        separators: set[str] = set()
+        values = _values(text, separators) if e.msg == "Extra data" else None
         if values is None:
             return [Line(lineno, None, f"line {lineno}: not JSON ({e})")]
         n = len(values)
-        return [Line(lineno, None, f"line {lineno}: {n} JSON values on one line (value {k} of {n}); one record per line",
+        how = (f", separated by {' and '.join(FOREIGN_SEPARATORS[c] for c in sorted(separators))}, which JSONL does "
+               "not take as a line break (only LF, CRLF or CR)" if separators else "")
+        return [Line(lineno, None, f"line {lineno}: {n} JSON values on one line (value {k} of {n}){how}; one record per line",
                      v if json_depth(v) <= MAX_DEPTH else None)
                 for k, v in enumerate(values, 1)]
     except ValueError as e:  # e.g. an integer of more than 4,300 digits
@@ -308,12 +359,50 @@ def parse_line(raw: bytes, lineno: int) -> list[Line]:
     return [Line(lineno, None, f"line {lineno}: {problem}", obj) if problem else Line(lineno, obj, None)]
 
 
+# the first bytes of file kinds that are not JSON text: refused by name before a line is read
+BINARY_KINDS = ((b"PAR1", "a Parquet file"), (b"\x1f\x8b", "a gzip file (decompress it first: gunzip)"),
+                (b"PK\x03\x04", "a zip archive (an .xlsx, .zip or .npz?)"), (b"BZh", "a bzip2 file (bunzip2 it first)"),
+                (b"\xfd7zXZ\x00", "an xz file (unxz it first)"), (b"\x28\xb5\x2f\xfd", "a zstd file (unzstd it first)"),
+                (b"SQLite format 3\x00", "an SQLite database"), (b"ARROW1", "an Arrow IPC file"),
+                (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF"), (b"\x80\x02", "a pickle"), (b"\x80\x04", "a pickle"))
+
+
+class FileKindRefused(ValueError):
+    """An input is not a JSON text file at all (Parquet, gzip, a folder, ...): refused before any output."""
+
+
+def file_kind_problem(head: bytes) -> str | None:
+    """What a file starting with ``head`` is, when it is a binary kind of :data:`BINARY_KINDS`; else None."""
+    for magic, name in BINARY_KINDS:
+        if head.startswith(magic):
+            return f"this is {name}, not JSON text"
+    return None
+
+
 def check_encoding(path: str | os.PathLike) -> None:
-    """Raise :class:`EncodingRefused` if ``path`` is not UTF-8 (a UTF-16/32 byte-order mark or layout)."""
+    """Raise :class:`FileKindRefused` if ``path`` is a folder or a binary kind (:func:`file_kind_problem`),
+    :class:`EncodingRefused` if it is not UTF-8 (a UTF-16/32 byte-order mark or layout)."""
+    if Path(path).is_dir():
+        raise FileKindRefused(f"{path}: this is a folder; give the path of a file")
     with open(path, "rb") as f:
-        problem = encoding_problem(f.read(4096))
+        head = f.read(4096)
+    kind = file_kind_problem(head)
+    if kind:
+        raise FileKindRefused(f"{path}: {kind}")
+    problem = encoding_problem(head)
     if problem:
         raise EncodingRefused(f"{path}: {problem}")
+
+
+def check_jsonl(path: str | os.PathLike) -> None:
+    """:func:`check_encoding`, and :class:`FileKindRefused` for a JSON array (one JSON value holding the
+    records, where JSONL needs one object per line)."""
+    check_encoding(path)
+    with open(path, "rb") as f:
+        head = f.read(4096).removeprefix(UTF8_BOM).lstrip()
+    if head[:1] == b"[":
+        raise FileKindRefused(f"{path}: this is a JSON array, not JSONL (one object per line); "
+                              "`kimi-eagle convert --from openai` reads arrays, or write one object per line")
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[Line]:
@@ -330,3 +419,22 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[Line]:
                 raw = raw[len(UTF8_BOM):]
             if raw.strip():
                 yield from parse_line(raw, lineno)
+
+
+def check_parquet(path: str | os.PathLike, made_by: str = "") -> None:
+    """Raise :class:`FileKindRefused` unless ``path`` is a Parquet file (a folder, JSON text, gzip, ... are
+    named); ``made_by`` says which command writes the expected file (e.g. ``"kimi-eagle reconstruct"``)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"input not found: {path}")
+    hint = f" (the file {made_by} writes)" if made_by else ""
+    if Path(path).is_dir():
+        raise FileKindRefused(f"{path}: this is a folder; give the path of a Parquet file{hint}")
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(b"PAR1"):
+        return
+    kind = file_kind_problem(head) or encoding_problem(head)
+    text = head.removeprefix(UTF8_BOM).lstrip()[:1]
+    what = (kind.replace("this is ", "").replace(", not JSON text", "") if kind else
+            "JSON text" if text in (b"{", b"[") else "empty" if not head else "not a Parquet file")
+    raise FileKindRefused(f"{path}: this is {what}, not Parquet{hint}")

@@ -147,12 +147,18 @@ def error_kind(reason: str) -> str:
 
 
 def error_table(reasons: Iterable[str | None], top: int = 10) -> str:
-    """A printable table of the most common error kinds (see :func:`error_kind`), most frequent first."""
-    counts = Counter(error_kind(r) for r in reasons if r)
+    """A printable table of the most common error kinds (see :func:`error_kind`), most frequent first; each
+    kind is shown by its first real reason (field names and digits as they were), with the count of alike ones."""
+    counts: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for r in reasons:
+        if r:
+            counts[kind_ := error_kind(r)] += 1
+            example.setdefault(kind_, r)
     if not counts:
         return ""
     lines = [f"top error reasons ({sum(counts.values())} records in error, {len(counts)} kinds):"]
-    lines += [f"  {n:>7}  {kind_[:160]}" for kind_, n in counts.most_common(top)]
+    lines += [f"  {n:>7}  {example[kind_][:160]}" + (" (and alike)" if n > 1 else "") for kind_, n in counts.most_common(top)]
     if len(counts) > top:
         lines.append(f"  {sum(n for _, n in counts.most_common()[top:]):>7}  ({len(counts) - top} other kinds)")
     return "\n".join(lines)

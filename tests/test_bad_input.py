@@ -245,12 +245,12 @@ def test_empty_input_and_all_failed_exit_3_with_the_top_reasons(tmp_path):
     out = cli("reconstruct", bad, "--tokenizer", kimi_dir(), "-o", tmp_path / "b.parquet", "--no-progress")
     assert out.returncode == 3 and "no record could be processed (3 of 3 in error)" in out.stderr
     assert "top error reasons (3 records in error, 2 kinds):" in out.stdout
-    assert "2  line N: not JSON (Expecting property name enclosed in double quotes: line N column N (char N))" in out.stdout
+    assert "2  line 1: not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)) (and alike)" in out.stdout
     assert len(read_rows(tmp_path / "b.parquet")) == 3  # every record is still in the output
     some = tmp_path / "some.jsonl"
     some.write_bytes(b"{x\n" + js(api()) + b"\n")
     out = cli("reconstruct", some, "--tokenizer", kimi_dir(), "-o", tmp_path / "s.parquet", "--no-progress")
-    assert out.returncode == 0 and "1  line N: not JSON" in out.stdout
+    assert out.returncode == 0 and "1  line 1: not JSON" in out.stdout
 
 
 def test_a_second_run_on_the_same_output_is_refused(tmp_path):
@@ -344,7 +344,7 @@ def test_convert_cli_wrong_source_empty_input_and_bad_arguments(tmp_path):
     sharegpt.write_bytes(js(CONVERSATION) + b"\n" + js(CONVERSATION))
     out = cli("convert", sharegpt, "--from", "reason-tool-use", "-o", tmp_path / "o.jsonl")
     assert out.returncode == 3 and "2 of them errors" in out.stdout
-    assert "2  conversation N: missing field '…' (is this a reason-tool-use file? check --from)" in out.stdout
+    assert "2  conversation 0: missing field 'messages' (is this a reason-tool-use file? check --from) (and alike)" in out.stdout
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"\n\n")
     out = cli("convert", empty, "--from", "sharegpt", "-o", tmp_path / "e.jsonl")

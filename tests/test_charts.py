@@ -254,7 +254,7 @@ def test_tau_chart_has_intervals_and_names_the_model(tmp_path):
     assert intervals["EAGLE-3 (recon IDs)"]["greedy"] == pytest.approx((2.1, 2.1))
     fig = plot_tau(tau_table(reports), ("greedy",), title="τ with k=4", intervals=intervals, model="stories260K")
     ax = rendered(fig, tmp_path).axes[0]
-    assert title(ax) == "τ with k=4 — target stories260K (error bars: 95% interval over prompts)"
+    assert title(ax) == "[REAL data] τ with k=4 — target stories260K (error bars: 95% interval over prompts)"
     assert legend(ax) == ["EAGLE-3 (engine IDs)", "EAGLE-3 (recon IDs)"]
     caps = [line for c in ax.containers if hasattr(c, "errorbar") and c.errorbar for line in c.errorbar.lines[1]]
     assert caps, "error bars are drawn"
@@ -272,3 +272,42 @@ def test_training_curves_keep_the_dashed_run_visible_on_top(tmp_path):
     assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
     assert dashed.get_zorder() > solid.get_zorder() and dashed.get_linewidth() < solid.get_linewidth()
     assert "dashed: recon IDs" in title(acc_ax) and legend(acc_ax) == ["TTT step 0", "TTT step 1"]
+
+
+def test_every_training_and_evaluation_chart_carries_its_data_tag():
+    """The charts of notebooks 03/04 say real / toy model like the report pages (issue 24)."""
+    from kimi_eagle.apps.reports.training_charts import (
+        plot_arms,
+        plot_dose_response,
+        plot_histories,
+        plot_history,
+        plot_tau,
+    )
+
+    history = [{"step": s, "loss": 3.0 - s / 10, "step_loss": [3.0 - s / 10, 3.2], "acc": [0.1 * s, 0.05 * s]} for s in (1, 2, 3)]
+    arms = [{"mode": "greedy", "arm": a, "tau": 1.2, "lo": 1.1, "hi": 1.3, "ids": "recon", "storage": "bf16", "inject_rate": r}
+            for a, r in (("recon IDs · bf16", 0.0), ("recon + 5 % splits", 0.05))]
+    tau = {"EAGLE-3 (engine IDs)": {"greedy": 2.0, "t=1": 1.4}}
+
+    def titles(fig):
+        return " ".join([fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes])
+
+    for data, tag in (("real", "[REAL data]"), ("toy", "[REAL engine, toy model (not Kimi's rates)]")):
+        for fig in (plot_history(history, data=data), plot_histories({"a": history}, data=data),
+                    plot_tau(tau, data=data), plot_arms(arms, data=data), plot_dose_response(arms, data=data)):
+            assert tag in titles(fig).replace("\n", " ")
+
+
+def test_one_verdict_colour_scheme_on_every_page():
+    from kimi_eagle.apps.reports import batch_summary, billing_report, diff_report, toolkit
+
+    assert diff_report.VERDICT_COLORS is toolkit.VERDICT_COLORS
+    assert all(billing_report.CLASS_COLORS[c] == toolkit.VERDICT_COLORS[c] for c in billing_report.CLASS_COLORS)
+    df = pd.DataFrame({"run": ["a", "b"], "metric.verdict.exact": [3, 1], "metric.verdict.semantic": [1, 2],
+                       "metric.verdict.bpe_split": [0, 1]})
+    fig = batch_summary.stacked_chart(df, ["metric.verdict.exact", "metric.verdict.semantic", "metric.verdict.bpe_split"], "verdict")
+    from matplotlib.colors import to_hex
+
+    drawn = {to_hex(p.get_facecolor()) for p in fig.axes[0].patches}
+    assert drawn == {toolkit.VERDICT_COLORS[v] for v in ("exact", "semantic", "bpe_split")}
+    assert toolkit.verdict_color("explained:think_end_not_generated") == toolkit.VERDICT_COLORS["explained"]

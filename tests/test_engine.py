@@ -140,3 +140,20 @@ def test_kimi_eagle_generate_samples_each_prompt_line_into_an_engine_record(tmp_
         assert (rec["model"], rec["chat_format"], rec["sampling"]["seed"]) == ("stories260K", "plain", line["seed"])
     first = out.read_bytes()
     assert cli.main(argv) == 0 and out.read_bytes() == first  # every line's own seed makes the run replayable
+
+
+def test_logprobs_are_the_models_and_leave_sampling_unchanged(engine):
+    import torch
+
+    prompt = engine.prompt_ids([{"role": "user", "content": "Once upon a time"}])
+    sp = SamplingParams(temperature=1.0, seed=7, max_tokens=12)
+    plain, scored = engine.generate(prompt, sp), engine.generate(prompt, sp, logprobs=3)
+    assert plain.logprobs is None and scored.output_ids == plain.output_ids and len(scored.logprobs) == 12
+    with torch.inference_mode():  # recomputed independently: one full forward pass over prompt + output
+        logits = engine.model(input_ids=torch.tensor([prompt + scored.output_ids])).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    for k, (token, (lp, top)) in enumerate(zip(scored.output_ids, scored.logprobs)):
+        row = logp[len(prompt) - 1 + k]
+        assert lp == pytest.approx(float(row[token]), abs=1e-4)
+        assert [t for t, _ in top] == row.topk(3).indices.tolist()
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)

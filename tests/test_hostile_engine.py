@@ -303,7 +303,7 @@ def every_file_bytes(folder: Path) -> bytes:
 
 ECHO_CASES = {  # upstream status -> collect's exit code
     "echo-401-fatal": (401, 3),
-    "echo-400-permanent": (400, 0),
+    "echo-400-permanent": (400, 1),  # a stored error: the exit code says so
     "echo-503-exhausted": (503, 1),
 }
 

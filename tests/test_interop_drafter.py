@@ -1,5 +1,6 @@
 """`kimi-eagle export --engine speculators`: speculators' own Eagle3DraftModel loads the checkpoint on CPU
-and its logits equal the kit drafter's at every unroll step."""
+and its logits match the kit drafter's at every unroll step within ``LOGIT_TOL`` (max abs difference; float32
+summation order differs, so not bitwise: docs/scale.md states the measured value)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from kimi_eagle.eagle3.hidden import load_target
 from kimi_eagle.eagle3.model import Eagle3Drafter
 
 STEPS = 3
+LOGIT_TOL = 1e-5  # max abs logit difference allowed (measured 1.6e-6 here; docs/scale.md)
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +61,10 @@ def test_speculators_loads_the_export_and_reproduces_the_logits(native, tmp_path
               position_ids=torch.arange(t)[None], ttt_steps=STEPS)
     hook.remove()
     assert len(theirs) == STEPS
-    for k in range(STEPS):
-        valid = t - 1 - k  # past the end both sides see padding tokens
-        torch.testing.assert_close(theirs[k][:, :valid], ours[k][:, :valid], rtol=1e-5, atol=1e-5)
+    diff = max(float((theirs[k][:, : t - 1 - k] - ours[k][:, : t - 1 - k]).abs().max()) for k in range(STEPS))
+    print(f"max abs logit difference kit vs speculators: {diff:.2e}")  # past the row's end both see padding
+    assert diff <= LOGIT_TOL
+    assert all(torch.equal(theirs[k].argmax(-1)[:, : t - 1 - k], ours[k].argmax(-1)[:, : t - 1 - k]) for k in range(STEPS))
 
 
 def test_a_speculators_export_without_a_verifier_is_refused(native, tmp_path, capsys):

@@ -139,3 +139,23 @@ def test_architectures_the_kit_layer_lacks_are_refused(peer_run):
     window = {**raw["transformer_layer_config"], "layer_types": ["sliding_attention"], "sliding_window": 64}
     with pytest.raises(ValueError, match="sliding window"):
         kit_config({**raw, "transformer_layer_config": window})
+
+
+def test_sdpa_gives_eager_s_losses_and_unpacked_steps_train_the_same_rows(peer_run):
+    """The bench's fastest CPU attention (speculators' ``sdpa``) computes the loss eager does on the same packed
+    rows; one row at a time (``pack=False``) sees the same tokens, each row's loss averaged."""
+    from speculators.losses import resolve_loss_config
+
+    from kimi_eagle.apps.interop.peer import PeerConfig, build_model, peer_step
+
+    root, rows, _result, data = peer_run
+    losses = {}
+    for impl, pack in (("eager", True), ("sdpa", True), ("sdpa", False)):
+        cfg = PeerConfig(str(root / "spec"), str(stories_dir()), "", ttt_steps=STEPS, draft_vocab_size=64,
+                         attn_impl=impl, pack=pack)
+        model = build_model(cfg, LAYERS)
+        losses[impl, pack] = peer_step(model, data, [0, 1, 2], cfg, resolve_loss_config("kl_div", "eager"))
+        assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    assert losses["sdpa", True][0] == pytest.approx(losses["eager", True][0], rel=1e-4)
+    assert losses["sdpa", True][2] == losses["sdpa", False][2] == sum(len(rows[i].input_ids) - 1 for i in range(3))
+    assert losses["sdpa", False][0] > 0

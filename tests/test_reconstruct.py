@@ -149,15 +149,15 @@ def test_killed_run_resumes_to_the_uninterrupted_result(sharegpt_records, tmp_pa
            "-o", str(out), "--shard-size", "10", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(parts.glob("shard-*.parquet"))) < 3:
+    while time.time() < deadline and len(list(parts.glob("shard-*.arrow"))) < 3:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    n_done = len(list(parts.glob("shard-*.parquet")))
+    n_done = len(list(parts.glob("shard-*.arrow")))
     n_shards = -(-sum(1 for _ in open(sharegpt_records)) // 10)
     assert not out.exists() and 3 <= n_done < n_shards, "the run must be killed half-way"
     # a leftover temp file from an interrupted write is ignored
-    (parts / "shard-999999.parquet.tmp123").write_bytes(b"partial")
+    (parts / "shard-999999.arrow.tmp123").write_bytes(b"partial")
     resumed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     lines = read_rows(out).line
@@ -172,3 +172,66 @@ def test_resume_refuses_changed_settings(sharegpt_records, tmp_path):
     (parts / "manifest.json").write_text(json.dumps({"format": "kimi-k2-instruct"}))
     with pytest.raises(ValueError, match="cannot resume"):
         reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", JobOptions(resume=True, progress=False))
+
+
+# --------------------------------------------------------------------------------------------
+# the columnar writer against the reference (pyarrow.array per column, one row group per shard)
+
+
+def _reference_output(src, out, shard_size):
+    """What the file job wrote before the columnar writer: per shard, ``reconstruct_line`` rows converted by
+    ``pyarrow.array`` per column, duplicates marked in order, streamed into one parquet (one row group a shard)."""
+    from kimi_eagle.chat.encoder import PieceEncoder
+    from kimi_eagle.chat.formats import get_format
+    from kimi_eagle.reconstruct import job
+    from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_line
+
+    tok = job.load_tokenizer(kimi_dir())
+    fmt, enc, first = get_format("kimi-k2.5", tok), PieceEncoder(tok), {}
+    n, starts, _ = job._shard_starts(src, shard_size)
+    writer = pq.ParquetWriter(out, job.reconstruction_schema(), use_dictionary=False)
+    for offset, lineno in starts:
+        rows = [r for ln, raw in job._read_shard(src, offset, lineno, shard_size)
+                for r in reconstruct_line(raw, ln, tok, fmt, ReconstructOptions(), enc)]
+        writer.write_table(job.mark_duplicates(job.reference_table(rows), first))
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def bundled_records(tmp_path_factory, bad_file):
+    path = tmp_path_factory.mktemp("bundled") / "in.jsonl"
+    parts = []
+    for name in ("sharegpt", "glaive"):
+        convert_file(name, None, path.with_name(f"{name}.jsonl"), limit=120)
+        parts.append(path.with_name(f"{name}.jsonl").read_bytes())
+    path.write_bytes(b"".join(parts) + bad_file.read_bytes())
+    return path
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_columnar_writer_is_byte_identical_to_the_reference(bundled_records, tmp_path, workers):
+    ref, out = tmp_path / "ref.parquet", tmp_path / "out.parquet"
+    _reference_output(bundled_records, ref, 64)
+    counts = reconstruct_file(bundled_records, out, kimi_dir(), "kimi-k2.5",
+                              JobOptions(workers=workers, shard_size=64, progress=False))
+    assert out.read_bytes() == ref.read_bytes()
+    table = pq.read_table(out)
+    assert sum(counts.values()) == table.num_rows and counts["error"] == table.column("status").to_pylist().count("error")
+    assert counts.errors == [e for e in table.column("error").to_pylist() if e]
+
+
+def test_columnar_table_equals_the_general_conversion():
+    from kimi_eagle.reconstruct.job import reconstruction_schema, reference_table, rows_table
+
+    schema = reconstruction_schema()
+    base = {f.name: None for f in schema}
+    base.update(id="a", status="ok", format="f", prompt_ids=[1, 2], completion_ids=[2**31 - 1], n_prompt_tokens=2,
+                n_completion_tokens=1, segments=[{"kind": "text", "byte_start": 0, "byte_end": 1, "tok_start": 0,
+                                                  "tok_end": 1}], flags=["x", "y"], line=1)
+    empty = {**base, "id": "b", "prompt_ids": [], "completion_ids": [], "segments": [], "flags": [], "line": 2}
+    for rows in ([base, empty], [empty], []):
+        assert rows_table(rows).equals(reference_table(rows))
+    too_big = {**base, "id": "c", "completion_ids": [2**31]}  # not an int32: the record's error row, as before
+    got, ref = rows_table([base, too_big]), reference_table([base, too_big])
+    assert got.equals(ref) and got.column("status").to_pylist() == ["ok", "error"]
+    assert "cannot store the row" in got.column("error")[1].as_py()

@@ -87,7 +87,8 @@ def test_text_completions_endpoint(server, stories):
 @pytest.mark.parametrize("body,status", [
     ({"model": "other-model", "messages": [{"role": "user", "content": "x"}]}, 400),
     ({"model": "stories260K", "messages": []}, 400),
-    ({"model": "stories260K", "messages": [{"role": "user", "content": "x"}], "stream": True}, 400),
+    ({"model": "stories260K", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400),
+    ({"model": "stories260K", "messages": [{"role": "user", "content": "x"}], "stream_options": []}, 400),
     ({"model": "stories260K", "messages": [{"role": "user", "content": "x"}], "temperature": -2}, 400),
     ({"model": "stories260K", "messages": [{"role": "user", "content": "x"}], "provider": {"only": ["openai"]}}, 404),
     ({"model": "stories260K", "messages": [{"role": "user", "content": "x"}],

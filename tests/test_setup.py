@@ -21,9 +21,10 @@ def test_environment_yml_installs_the_project_and_pins_torch_like_pyproject():
 
 def test_readme_shows_exactly_two_setup_commands():
     readme = (REPO_ROOT / "README.md").read_text()
-    setup = readme.split("## Set up", 1)[1].split("\n## ", 1)[0]
-    commands = re.findall(r"^\s*(make \w[\w-]*)\s*$", setup, flags=re.M)
+    setup = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^\s*(make \w[\w-]*)\s*(?:#.*)?$", setup, flags=re.M)
     assert commands == ["make demo", "make test"]
+    assert len(re.findall(r"^\s*make \w", readme, flags=re.M)) == 2, "no other make command in the README"
 
 
 def test_ci_runs_the_readme_test_command():

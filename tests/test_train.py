@@ -1,6 +1,7 @@
 """Drafter training: which positions are supervised, the soft targets, resume, and DDP on 2 CPU processes."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.readers import HiddenStates
 from kimi_eagle.eagle3.speculative import generate_target_only
 from kimi_eagle.eagle3.train import (
+    ResumeRefused,
     TrainConfig,
     Trainer,
     TTTLoss,
@@ -139,7 +141,62 @@ def test_a_resumed_trainer_continues_at_the_checkpoint_step_and_data_position(hi
     assert resumed.step == 3 and resumed.batch_rows() == stopped.batch_rows()
     assert param_digest(resumed.drafter) == param_digest(stopped.drafter)
     assert resumed.scheduler.get_last_lr() == stopped.scheduler.get_last_lr()
-    assert Trainer(_cfg(hidden_dir, tmp_path)).step == 0  # without resume it starts afresh
+    assert Trainer(_cfg(hidden_dir, tmp_path, resume=False)).step == 0  # resume=False starts afresh
+    auto = Trainer(_cfg(hidden_dir, tmp_path))  # the default resumes what was trained with the same settings
+    assert (auto.step, auto.start, auto.out) == (3, "resumed from step 3", tmp_path)
+
+
+def test_a_rerun_with_other_settings_starts_fresh_in_a_new_run_folder_and_says_why(hidden_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    first = train_drafter(_cfg(hidden_dir, out))
+    assert (first["start"], first["out"], first["start_note"]) == ("fresh", str(out), "")
+    changed = train_drafter(_cfg(hidden_dir, out, lr=1e-3, ttt_steps=2, progress=True))
+    assert changed["start"] == "fresh" and changed["out"] == str(tmp_path / "run.run2") and changed["finished"]
+    assert "lr 0.003 → 0.001" in changed["start_note"] and "ttt_steps 3 → 2" in changed["start_note"]
+    assert f"train: fresh in {tmp_path / 'run.run2'}" in capsys.readouterr().err
+    # the first run is untouched; its metrics and log are its own
+    assert json.loads((out / "train_metrics.json").read_text())["final"] == first["final"]
+    assert json.loads((tmp_path / "run.run2" / "train_metrics.json").read_text())["start"] == "fresh"
+    # the same changed settings again: resumed (and finished) in run.run2; the original ones: resumed in run
+    again = train_drafter(_cfg(hidden_dir, out, lr=1e-3, ttt_steps=2))
+    assert (again["start"], again["out"], again["train_tokens_per_s"]) == ("resumed from step 8", str(tmp_path / "run.run2"), None)
+    assert train_drafter(_cfg(hidden_dir, out))["out"] == str(out)
+    # more steps change the LR schedule: a third folder
+    assert train_drafter(_cfg(hidden_dir, out, steps=10))["out"] == str(tmp_path / "run.run3")
+
+
+def test_resume_true_is_refused_when_the_settings_or_the_data_differ(hidden_dir, target, stories, tmp_path):
+    data, out = tmp_path / "hs", tmp_path / "run"
+    shutil.copytree(hidden_dir, data)
+    train_drafter(_cfg(data, out, stop_after=2))
+    with pytest.raises(ResumeRefused, match=r"cannot resume .*batch_size 2 → 3"):
+        Trainer(_cfg(data, out, batch_size=3, resume=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hs", "run"]  # nothing written
+    assert Trainer(_cfg(data, out, resume=True)).start == "resumed from step 2"
+    # the same path now holding other rows (a regenerated extraction): the data fingerprint differs
+    shutil.rmtree(data)
+    rows = [Row(f"q{i}", [1] + stories.encode(t), [0] + [1] * len(stories.encode(t)))
+            for i, t in enumerate(["A dog ran home", "The sun was hot", "Sam had a ball", "Mia sang"])]
+    extract(stories_dir(), rows, data, dtype="bf16", shard_rows=4, model=target)
+    with pytest.raises(ResumeRefused, match="the data changed"):
+        Trainer(_cfg(data, out, resume=True))
+    assert Trainer(_cfg(data, out)).out == tmp_path / "run.run2"
+
+
+def test_the_cli_prints_how_a_run_started_and_refuses_a_mismatched_resume_with_exit_2(hidden_dir, tmp_path, capsys):
+    from kimi_eagle.apps import cli
+
+    base = [str(hidden_dir), "--target", str(stories_dir()), "-o", str(tmp_path / "t"), "--steps", "4", "--ttt-steps", "2",
+            "--batch-size", "2", "--draft-vocab-size", "64", "--log-every", "2", "--no-progress"]
+    assert cli.main(["train", *base]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["start"] == "fresh"
+    assert cli.main(["train", *base, "--lr", "0.01", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot resume" in err[0] and "lr 0.003 → 0.01" in err[0]
+    assert cli.main(["train", *base]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["start"] == "resumed from step 4"
+    assert cli.main(["train", *base, "--fresh"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["start"] == "fresh"
 
 
 def test_train_drafter_is_a_short_function_over_the_trainer():

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import math
+import re
 import sys
 import textwrap
 from typing import Any, Protocol
@@ -115,6 +117,67 @@ def add_main_input(parser: argparse.ArgumentParser, dest: str, *, alias: str, he
     setattr(positional, DEPRECATED_ALIASES, (alias,))
     setattr(positional, MAIN_INPUT, True)
     return positional
+
+
+_INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: `７` or `1.0` is not an integer argument
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+class Number:
+    """An argparse ``type=``: a number of ``kind`` (int or a finite float) in ``[low, high]`` (``low_open``: above
+    ``low``), spelled in ASCII. A value outside is argparse's one-line usage error (exit 2) naming the flag."""
+
+    def __init__(self, kind: type, low: float | None = None, high: float | None = None, low_open: bool = False):
+        self.kind, self.low, self.high, self.low_open = kind, low, high, low_open
+        self.__name__ = self.describe()  # argparse names the type in its own messages
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a finite number"
+        if self.low is not None and self.high is not None:
+            return f"{what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        if self.low is not None:
+            return f"{what} {'>' if self.low_open else '>='} {self.low:g}"
+        return what
+
+    def __call__(self, text: str) -> int | float:
+        pattern = _INT if self.kind is int else _FLOAT
+        if not pattern.fullmatch(text.strip()):
+            raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}"[:200])
+        value = self.kind(text.strip())
+        if self.kind is float and not math.isfinite(value):  # 1e999
+            raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}"[:200])
+        below = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        if below or (self.high is not None and value > self.high):
+            raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}"[:200])
+        return value
+
+    def __repr__(self) -> str:
+        return f"Number({self.describe()})"
+
+
+class NumberList:
+    """An argparse ``type=``: comma-separated numbers, each checked by ``item`` (a :class:`Number`); a tuple."""
+
+    def __init__(self, item: Number):
+        self.item = item
+        self.__name__ = f"comma-separated {item.describe()}"
+
+    def __call__(self, text: str) -> tuple:
+        parts = text.split(",")
+        try:
+            return tuple(self.item(part) for part in parts)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (in the list {text!r})"[:240]) from None
+
+
+POSITIVE_INT = Number(int, 1)  # counts, sizes, steps, threads, workers
+NONNEG_INT = Number(int, 0)  # seeds, counts where 0 means none
+PORT = Number(int, 0, 65535)
+NONNEG_FLOAT = Number(float, 0)  # temperatures, seconds
+POSITIVE_FLOAT = Number(float, 0, low_open=True)  # timeouts, learning rates
+PROBABILITY = Number(float, 0, 1)
+TOP_P = Number(float, 0, 1, low_open=True)
+TEMPERATURES = NumberList(NONNEG_FLOAT)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -97,16 +97,22 @@ class CompletionOptions:
     ``tool_ids``: ``auto`` (keep an id the model could have written, see :func:`model_could_write`;
     replace a server-made one with ``functions.{name}:{idx}``), ``normalise`` (always
     ``functions.{name}:{idx}``, idx counted over the whole conversation) or ``keep`` (the API's ids).
-    ``keep_tool_ids``: the older spelling of ``tool_ids="keep"``.
+    ``keep_tool_ids``: the older spelling of ``tool_ids="keep"``. ``unterminated_call``: ``keep`` (a length
+    cut inside the tool section kept the last call's partial arguments: the template's reading) or ``drop``
+    (the server dropped an unterminated call, as vLLM and SGLang do: every returned call was complete, the
+    IDs after the last known byte are unknown, see :func:`dropped_prefix`).
     """
 
     omit_think_end_before_tools: bool = False
     keep_tool_ids: bool = False
     tool_ids: str = "auto"
+    unterminated_call: str = "keep"
 
     def __post_init__(self) -> None:
         if self.tool_ids not in TOOL_ID_POLICIES:
             raise ValueError(f"unknown tool-id policy {self.tool_ids!r}; known: {', '.join(TOOL_ID_POLICIES)}")
+        if self.unterminated_call not in ("keep", "drop"):
+            raise ValueError(f"unknown unterminated_call {self.unterminated_call!r}; known: keep, drop")
 
     @property
     def tool_id_policy(self) -> str:
@@ -273,16 +279,24 @@ def kimi_completion(turn: Turn, first_call_index: int, options: CompletionOption
     if turn.content:
         segs.append(content("content", turn.content))
     if turn.tool_calls:
-        segs += _tool_section(turn, first_call_index, options.tool_id_policy, history_ids, flags)
+        segs += _tool_section(turn, first_call_index, options.tool_id_policy, history_ids, flags,
+                              options.unterminated_call == "keep")
+    elif turn.finish_reason == "tool_calls" and options.unterminated_call == "drop":
+        # a server that drops unparsed calls says tool_calls for a section that returned none: the section
+        # began, what followed is unknown
+        segs.append(special("tool_section_begin", "<|tool_calls_section_begin|>"))
+        flags.append("dropped_by_server")
+        return segs, flags
     if not truncated:
         segs.append(special("im_end", "<|im_end|>"))
     return segs, flags
 
 
 def _tool_section(turn: Turn, first_call_index: int, policy: str, history_ids: Sequence[str],
-                  flags: list[str]) -> list[Segment]:
+                  flags: list[str], cut_in_last_call: bool = True) -> list[Segment]:
     """The tool section of ``turn`` (its flags appended to ``flags``); a length cut ends it after the last
-    call's arguments (flag ``truncated_in_tool_call``, and ``truncation_ambiguous`` for complete JSON)."""
+    call's arguments (flag ``truncated_in_tool_call``, and ``truncation_ambiguous`` for complete JSON), or,
+    without ``cut_in_last_call`` (servers that drop an unterminated call), after the last call's end."""
     truncated = turn.finish_reason == "length"
     flags.append(f"tool_ids_{policy}")
     segs = [special("tool_section_begin", "<|tool_calls_section_begin|>")]
@@ -300,14 +314,37 @@ def _tool_section(turn: Turn, first_call_index: int, policy: str, history_ids: S
             special("tool_arg_begin", "<|tool_call_argument_begin|>"),
             content("tool_args", args),
         ]
-        if truncated and k == last:
+        if truncated and k == last and cut_in_last_call:
             flags.append("truncated_in_tool_call")
             if is_json:
                 flags.append("truncation_ambiguous")
             return segs
         segs.append(special("tool_call_end", "<|tool_call_end|>"))
+    if truncated and not cut_in_last_call:
+        return segs
     segs.append(special("tool_section_end", "<|tool_calls_section_end|>"))
     return segs
+
+
+def dropped_prefix(segments: list[Segment], flags: list[str], n_tokens: int, billed_tokens: int | None,
+                   finish_reason: str) -> tuple[list[Segment], list[str]]:
+    """What is known of a completion whose server may have dropped an unterminated call (``drop`` rule).
+
+    A server that drops calls returns every *complete* one; when billing says the model wrote more tokens
+    than the message holds (``billed_tokens != n_tokens``) for a ``length`` cut or a ``tool_calls`` finish,
+    the IDs after the last call's end are unknown: the segments end there (no ``<|tool_calls_section_end|>``,
+    no ``<|im_end|>``: nothing the model may not have written) and the row is flagged ``dropped_by_server``.
+    """
+    if "dropped_by_server" in flags:
+        return segments, flags
+    if finish_reason not in ("length", "tool_calls") or billed_tokens is None or billed_tokens == n_tokens:
+        return segments, flags
+    if not any(s.kind == "tool_section_begin" for s in segments) and finish_reason != "length":
+        return segments, flags
+    kept = list(segments)
+    while kept and kept[-1].kind in ("im_end", "tool_section_end"):
+        kept.pop()
+    return kept, [*flags, "dropped_by_server"]
 
 
 # what may follow a length cut right after the last call's complete arguments, one token each

@@ -360,22 +360,14 @@ class HFTemplateFormat:
 
     def __init__(self, chat_template: str, specials: Sequence[str], stop: str, name: str = "hf-template",
                  context: dict | None = None) -> None:
-        import json as _json
         import re
 
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return _json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        from kimi_eagle.chat.template_sandbox import bounded_template
 
         def _raise(message):
             raise RecordError(f"chat template: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise
-        self.template = env.from_string(chat_template)
+        self.template = bounded_template(chat_template, _raise)  # render() bounded in steps, time and size
         self.name, self.stop, self.context = name, stop, context or {}
         alts = "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))
         self._special = re.compile(alts) if alts else None

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kimi_eagle.chat.completion import CompletionOptions, tool_id_style
+from kimi_eagle.chat.serving import ServingProfile, get_profile
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 THINK, THINK_END = "<think>", "</think>"
@@ -150,7 +151,10 @@ class ParseOptions:
     from the output (``stop``/``tool_calls`` when it ends with ``<|im_end|>``, else ``length``; servers
     strip ``<|im_end|>`` from text, so pass it for text). ``strip``: strip whitespace as the servers'
     regexes do. ``tool_ids``: ``model`` (the id the model wrote) or ``sglang``
-    (``functions.NAME:{history_tool_calls + N}``).
+    (``functions.NAME:{history_tool_calls + N}``). ``serving``: the serving profile whose server's
+    answer to return (:mod:`kimi_eagle.chat.serving`; ``template``, the default, is the parse above;
+    ``vllm``/``sglang`` split the decoded text on marker spellings as those servers do, and ``strip`` and
+    ``tool_ids`` then come from the profile).
     """
 
     format_name: str = "kimi-k2.5"
@@ -158,6 +162,7 @@ class ParseOptions:
     strip: bool = False
     tool_ids: str = "model"
     history_tool_calls: int = 0
+    serving: str | ServingProfile = "template"
 
 
 def _cut_at_im_end(units: list[tuple[str, bool]], flags: list[str]) -> tuple[list[tuple[str, bool]], bool]:
@@ -206,12 +211,13 @@ def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
     """Parse a raw completion (the IDs or text after the generation prompt) into the API message.
 
     ``source``: engine IDs (needs ``tok``) or the raw text with markers spelled out; ``options``: the
-    format, finish reason, whitespace and tool-id conventions (:class:`ParseOptions`).
+    format, finish reason, whitespace, tool-id and serving conventions (:class:`ParseOptions`).
     """
     if options.format_name not in PARSE_FORMATS:
         raise ValueError(f"cannot parse format {options.format_name!r}; known: {', '.join(PARSE_FORMATS)}")
     if options.tool_ids not in TOOL_ID_OUTPUTS:
         raise ValueError(f"unknown tool_ids {options.tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
+    profile = get_profile(options.serving)
     flags: list[str] = []
     if isinstance(source, str):
         units, n_tokens = _units_from_text(source), None
@@ -220,20 +226,58 @@ def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
             raise ValueError("parsing IDs needs the tokenizer")
         units, n_tokens = _units_from_ids(list(source), tok, flags), len(source)
     units, ended = _cut_at_im_end(units, flags)
+    if profile.split_on == "text":
+        return _parse_as_server(units, ended, n_tokens, flags, profile, options)
     reasoning, content, think_end, state, pos = _read_text(units, PARSE_FORMATS[options.format_name], flags)
     if state == "reasoning":  # cut off, or (not well-formed) <|im_end|> with no </think> before it
         flags.append("truncated_in_reasoning" if not ended else "reasoning_not_closed")
-    calls = _parse_tool_section(units[pos:], flags, options.strip) if state == "tools" else []
+    strip = options.strip or profile.strip
+    calls = _parse_tool_section(units[pos:], flags, strip) if state == "tools" else []
     reasoning_text = "".join(reasoning)
-    if options.strip and think_end is False:
+    if strip and think_end is False:
         reasoning_text = reasoning_text.rstrip()
-    if options.tool_ids == "sglang":
+    if profile.unterminated_call == "drop" and "truncated_in_tool_call" in flags and calls:
+        calls.pop()
+        flags.append("dropped_by_server")
+    if options.tool_ids == "sglang" or profile.id_rule == "sglang":
         for call in calls:
             index = int(_ID_NAME.fullmatch(call["id"]).group("index"))
             call["id"] = f"functions.{call['function']['name']}:{options.history_tool_calls + index}"
-    finish = options.finish_reason or ("tool_calls" if ended and calls else "stop" if ended else "length")
+    finish = options.finish_reason or _finish(ended, bool(calls), state == "tools", profile)
     return ParsedCompletion(reasoning=reasoning_text or None, content="".join(content) or None, tool_calls=calls,
                             finish_reason=finish, think_end=think_end, n_tokens=n_tokens, flags=flags)
+
+
+def _finish(ended: bool, called: bool, section: bool, profile: ServingProfile) -> str:
+    """The finish reason a server reports: ``stop``/``length`` by the stop, ``tool_calls`` by the profile's rule."""
+    natural = "stop" if ended else "length"
+    if called and ended or section and (profile.finish_on_section == "always"
+                                        or profile.finish_on_section == "on_stop" and ended):
+        return "tool_calls"
+    return natural
+
+
+def _parse_as_server(units: list[tuple[str, bool]], ended: bool, n_tokens: int | None, flags: list[str],
+                     profile: ServingProfile, options: ParseOptions) -> ParsedCompletion:
+    """The decoded text split on marker spellings by ``profile``'s server parsers."""
+    from kimi_eagle.chat.server_parse import parse_served_text
+
+    text = "".join(t for t, _ in units)
+    got = parse_served_text(text, profile, PARSE_FORMATS[options.format_name], options.history_tool_calls)
+    if got["dropped"]:
+        flags.append("dropped_by_server")  # calls the model wrote (in full or cut) that the server did not return
+    if got["stripped"]:
+        flags.append("whitespace_stripped")  # the server's regexes and strips removed whitespace the model wrote
+    if got["renamed"]:
+        flags.append("tool_id_renumbered")  # SGLang's functions.NAME:{history + position}, not the id written
+    if got["think_end"] is False:
+        flags.append("no_think_end")
+    elif got["think_end"] is None and PARSE_FORMATS[options.format_name] != "content":
+        flags.append("truncated_in_reasoning" if not ended else "reasoning_not_closed")
+    finish = options.finish_reason or _finish(ended, bool(got["tool_calls"]), got["section"], profile)
+    return ParsedCompletion(reasoning=got["reasoning"], content=got["content"], tool_calls=got["tool_calls"],
+                            finish_reason=finish, think_end=got["think_end"], n_tokens=n_tokens,
+                            flags=list(dict.fromkeys(flags)))
 
 
 def _parse_tool_section(units: list[tuple[str, bool]], flags: list[str], strip: bool) -> list[dict[str, Any]]:

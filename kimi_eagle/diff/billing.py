@@ -90,15 +90,55 @@ class RecordFacts:
     length: bool
 
 
+def check_segments(segments: Any, n_tokens: int) -> list[Mapping[str, Any]]:
+    """``segments`` of a reconstructed row as a list, or a ValueError saying why they are impossible: a segment
+    without a ``kind`` or with token bounds that are not integers, negative, reversed, past the ``n_tokens``
+    completion IDs, or overlapping (or out of order with) the one before."""
+    if segments is None:
+        return []
+    if isinstance(segments, (str, bytes, Mapping)) or not hasattr(segments, "__iter__"):
+        raise ValueError(f"segments is a {type(segments).__name__}, not a list of segments")
+    out, end = list(segments), 0
+    for k, s in enumerate(out):
+        if not isinstance(s, Mapping) or not isinstance(s.get("kind"), str):
+            raise ValueError(f"segment {k} has no kind")
+        a, b = s.get("tok_start"), s.get("tok_end")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b)):
+            raise ValueError(f"segment {k} ({s['kind']}): token bounds {a!r}..{b!r} are not integers"[:200])
+        if a < 0 or b < a or b > n_tokens:
+            raise ValueError(f"segment {k} ({s['kind']}): tokens {a}..{b} are impossible for a completion of "
+                             f"{n_tokens} tokens (negative, reversed or past its end)")
+        if a < end:
+            raise ValueError(f"segment {k} ({s['kind']}): tokens {a}..{b} overlap the segment before (ending at {end})")
+        end = b
+    return out
+
+
+def flags_list(value: Any) -> list[str]:
+    """A row's ``flags`` as a list of strings; a ValueError for anything else (a string is not split into letters)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"flags is a {type(value).__name__}, not a list of strings")
+    flags = list(value)
+    if not all(isinstance(f, str) for f in flags):
+        raise ValueError("flags holds a value that is not a string")
+    return flags
+
+
 def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
-    """The facts of an ``ok`` row; raises ValueError when its IDs do not belong to ``tok``."""
+    """The facts of an ``ok`` row; raises ValueError when its IDs do not belong to ``tok`` or its segments or
+    flags are impossible (:func:`check_segments`, :func:`flags_list`)."""
     ids = list(row.get("completion_ids") if row.get("completion_ids") is not None else [])
     table = tok.token_table
-    bad = next((i for i in ids if not 0 <= int(i) < len(table)), None)
+    bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int)), None)
+    if bad is not None:
+        raise ValueError(f"completion ID {bad!r} is {type(bad).__name__}, not an integer")
+    bad = next((i for i in ids if not 0 <= i < len(table)), None)
     if bad is not None:
         raise ValueError(f"completion ID {bad} is outside the tokenizer's {len(table):,} IDs (wrong --tokenizer?)")
-    segments = list(row.get("segments") if row.get("segments") is not None else [])
-    flags = set(row.get("flags") if row.get("flags") is not None else [])
+    segments = check_segments(row.get("segments"), len(ids))
+    flags = set(flags_list(row.get("flags")))
 
     def run(s: Mapping[str, Any]) -> bytes:
         return b"".join(table[int(i)] for i in ids[int(s["tok_start"]) : int(s["tok_end"])])
@@ -253,6 +293,13 @@ REASONS = {
 }
 
 
+def _flags_or_empty(value: Any) -> list[str]:
+    try:
+        return flags_list(value)
+    except ValueError:  # record_facts makes the row an error saying why
+        return []
+
+
 def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """One billing verdict per reconstructed row (never fewer rows than the input), as a BILLING_SCHEMA frame.
 
@@ -268,7 +315,7 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
         row = {f.name: None for f in BILLING_SCHEMA}
         row.update(id=rid, dataset=r.get("dataset"), provider=r.get("provider") or PROVIDER_UNKNOWN,
                    status="ok", line=_int(r.get("line")), format=r.get("format"), finish_reason=r.get("finish_reason"),
-                   flags=list(r.get("flags") if r.get("flags") is not None else []), conventions=[],
+                   flags=_flags_or_empty(r.get("flags")), conventions=[],
                    billed_completion_tokens=_int(r.get("billed_completion_tokens")),
                    billed_reasoning_tokens=_int(r.get("billed_reasoning_tokens")))
         f = None

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kimi_eagle.diff.align import AlignError, check_ids
-from kimi_eagle.diff.billing import completion_billing, reasoning_billing
+from kimi_eagle.diff.billing import check_segments, completion_billing, flags_list, reasoning_billing
 from kimi_eagle.diff.classify import HunkVerdict, RecordVerdict, classify
 from kimi_eagle.io import atomic_path, read_jsonl, write_json, write_lines
 from kimi_eagle.records import RecordError, check_id, parse_engine_record, printable_id
@@ -156,14 +156,28 @@ def read_reconstructed(path: str | Path) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def read_labels(path: str | Path) -> dict[str, str]:
+def read_labels(path: str | Path) -> dict[str, str | None]:
     """``{id: expected label}`` from a ``labels.parquet`` (or JSONL) with ``id`` and ``expected``."""
     path = Path(path)
     if path.suffix == ".parquet":
-        rows = pq.read_table(path, columns=["id", "expected"]).to_pylist()
+        try:
+            rows = [(k + 1, r) for k, r in enumerate(pq.read_table(path, columns=["id", "expected"]).to_pylist())]
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{path}: not a labels file with columns id and expected ({e})") from None
     else:
-        rows = [ln.obj for ln in read_jsonl(path) if ln.obj]
-    return {str(r["id"]): r["expected"] for r in rows}
+        rows = []
+        for ln in read_jsonl(path):
+            if ln.error:
+                raise ValueError(f"{path}: {ln.error}")
+            rows.append((ln.lineno, ln.obj))
+    labels: dict[str, str | None] = {}
+    for where, r in rows:
+        if not (isinstance(r, dict) and isinstance(r.get("id"), str)
+                and (r.get("expected") is None or isinstance(r.get("expected"), str))):
+            raise ValueError(f"{path}: label {where}: needs a string id and an expected label (a string or null), "
+                             f"got {str(r)[:120]}")
+        labels.setdefault(r["id"], r["expected"])
+    return labels
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,7 +191,12 @@ def _empty_record(rid: str, status: str, error: str | None = None, **extra: Any)
 
 
 def _recon_fields(r: dict[str, Any]) -> dict[str, Any]:
-    return dict(dataset=r.get("dataset"), format=r.get("format"), flags=list(r.get("flags") or []),
+    try:
+        flags = flags_list(r.get("flags"))
+    except ValueError:  # diff_record makes the row an error saying why
+        flags = []
+    dataset = r.get("dataset")
+    return dict(dataset=dataset if isinstance(dataset, str) else None, format=r.get("format"), flags=flags,
                 finish_reason=r.get("finish_reason"), provider=r.get("provider"),
                 billed_completion_tokens=r.get("billed_completion_tokens"),
                 billed_reasoning_tokens=r.get("billed_reasoning_tokens"))
@@ -185,8 +204,14 @@ def _recon_fields(r: dict[str, Any]) -> dict[str, Any]:
 
 def diff_record(tok: Tokenizer, eng: EngineEntry, rec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The records row and hunk rows of one id present (and valid) in both inputs."""
-    recon_ids, segments = list(rec["completion_ids"] or []), list(rec.get("segments") or [])
+    recon_ids = list(rec["completion_ids"] if rec.get("completion_ids") is not None else [])
     row = _empty_record(rec["id"], "ok", engine_line=eng.line, engine_finish_reason=eng.finish_reason, **_recon_fields(rec))
+    try:
+        segments = check_segments(rec.get("segments"), len(recon_ids))
+        flags_list(rec.get("flags"))
+    except ValueError as e:
+        row.update(status="error", error=f"reconstructed row: {e}")
+        return row, []
     try:
         v = classify(tok, eng.output_ids or [], recon_ids, segments)
     except AlignError as e:
@@ -356,15 +381,29 @@ def read_diff(diff_dir: str | Path) -> DiffResult:
     """Read a diff directory back; raises ValueError naming the file if one is missing or corrupt."""
     d = Path(diff_dir)
     frames = []
-    for name in ("records.parquet", "hunks.parquet"):
+    for name, schema in (("records.parquet", RECORD_SCHEMA), ("hunks.parquet", HUNK_SCHEMA)):
         path = d / name
         if not path.is_file():
             raise ValueError(f"{d}: no {name} here (is this the output of `kimi-eagle diff`?)")
         try:
-            frames.append(pq.read_table(path).to_pandas())
+            table = pq.read_table(path)
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+        check_schema(table.schema, schema, path)
+        frames.append(table.to_pandas())
     return DiffResult(*frames)
+
+
+def check_schema(found: pa.Schema, expected: pa.Schema, path: Path) -> None:
+    """ValueError naming the columns of ``expected`` that ``found`` lacks or holds with another type."""
+    missing = [f.name for f in expected if f.name not in found.names]
+    wrong = [f"{f.name} ({found.field(f.name).type}, not {f.type})" for f in expected
+             if f.name in found.names and not found.field(f.name).type.equals(f.type)
+             and not pa.types.is_null(found.field(f.name).type)]
+    if missing or wrong:
+        what = "; ".join(x for x in (f"missing {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}"
+                                     if missing else "", f"wrong type: {', '.join(wrong[:3])}" if wrong else "") if x)
+        raise ValueError(f"{path}: not the schema `kimi-eagle diff` writes ({what})")
 
 
 # --------------------------------------------------------------------------------------------

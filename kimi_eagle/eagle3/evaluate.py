@@ -14,15 +14,14 @@ in K2.5 with the generation prompt, and every prompt is mapped to the model's ro
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 
-from kimi_eagle.eagle3.hidden import load_target
-from kimi_eagle.eagle3.model import load_drafter
+from kimi_eagle.eagle3.hidden import check_prompts, load_target, token_ids
+from kimi_eagle.eagle3.model import load_drafter, read_config_json
 from kimi_eagle.eagle3.row_space import id_space, model_ids, target_id_map
 from kimi_eagle.eagle3.speculative import (
     CachedTarget,
@@ -63,7 +62,10 @@ def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, li
             obj = line.obj
             pid = str(obj.get("id", line.lineno))
             if "prompt_ids" in obj:
-                prompts.append((pid, [int(i) for i in obj["prompt_ids"]]))
+                try:
+                    prompts.append((pid, token_ids(obj["prompt_ids"], "prompt_ids")))
+                except ValueError as e:
+                    raise ValueError(f"{path}: line {line.lineno}: {e}") from None
             elif isinstance(obj.get("prompt", obj.get("text")), str):
                 prompts.append((pid, encode(obj.get("prompt", obj.get("text")))))
             else:
@@ -96,7 +98,7 @@ def _kimi_prompts(path: Path, target_dir: str | Path, id_map) -> list[tuple[str,
         text = obj.get("prompt", obj.get("text"))
         try:
             if "prompt_ids" in obj:
-                kimi_ids = [int(i) for i in obj["prompt_ids"]]
+                kimi_ids = token_ids(obj["prompt_ids"], "prompt_ids")
             elif "messages" in obj:
                 kimi_ids = renderer.prompt_ids(obj["messages"], obj.get("tools"))
             elif isinstance(text, str):
@@ -110,7 +112,7 @@ def _kimi_prompts(path: Path, target_dir: str | Path, id_map) -> list[tuple[str,
 
 
 def _bos_id(target_dir: str | Path) -> int | None:
-    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg = read_config_json(Path(target_dir) / "config.json", "target config")
     return cfg.get("bos_token_id")
 
 
@@ -150,6 +152,7 @@ def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, promp
     ``draft_dir``) and ``ngram`` (``options.ngram``). ``model``: the loaded target (default: loaded here).
     """
     model = model if model is not None else load_target(target_dir)
+    check_prompts(prompts, int(model.config.vocab_size))  # an out-of-vocabulary ID is a message, not an IndexError
     eos = _eos_id(model)
     if drafter is None and draft_dir is not None:
         drafter = load_drafter(draft_dir, target_dir)

@@ -36,6 +36,32 @@ class Row:
     loss_mask: list[int]
 
 
+def token_ids(values: Any, what: str = "input_ids", n_vocab: int | None = None) -> list[int]:
+    """``values`` as a list of token IDs: integers (not bools, not floats such as 5.9), >= 0 and, with ``n_vocab``,
+    below it. Raises ValueError naming the first bad one and its position; nothing is coerced."""
+    if not isinstance(values, (list, tuple)) and not hasattr(values, "tolist"):
+        raise ValueError(f"{what} must be a list of token IDs, got {type(values).__name__}")
+    out = list(values.tolist() if hasattr(values, "tolist") else values)
+    for i, v in enumerate(out):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{what}[{i}] = {v!r} is {type(v).__name__}, not an integer token ID"[:200])
+        if v < 0 or (n_vocab is not None and v >= n_vocab):
+            bound = f"[0, {n_vocab})" if n_vocab is not None else ">= 0"
+            raise ValueError(f"{what}[{i}] = {v} is outside the vocabulary {bound}"[:200])
+    return out
+
+
+def check_prompts(prompts: Sequence[tuple[str, list[int]]], n_vocab: int) -> None:
+    """Every prompt's IDs are token IDs of a model with ``n_vocab`` rows (ValueError naming the prompt)."""
+    for pid, ids in prompts:
+        try:
+            token_ids(ids, "prompt_ids", n_vocab)
+        except ValueError as e:
+            raise ValueError(f"prompt {pid!r}: {e}") from None
+        if not ids:
+            raise ValueError(f"prompt {pid!r}: no prompt IDs")
+
+
 def row_from_obj(obj: Any, index: int) -> Row:
     """A row from ``{input_ids, loss_mask}``, a reconstructed row (``prompt_ids``, ``completion_ids``,
     ``status``) or an engine record (``prompt_ids``, ``output_ids``). Raises ValueError with a reason."""
@@ -47,23 +73,30 @@ def row_from_obj(obj: Any, index: int) -> Row:
     if obj.get("status", "ok") != "ok":
         raise ValueError(f"status {obj.get('status')!r}: {obj.get('error')}")
     if "input_ids" in obj:
-        ids, mask = list(obj["input_ids"]), list(obj.get("loss_mask") or [1] * len(obj["input_ids"]))
+        ids = token_ids(obj["input_ids"], "input_ids")
+        mask = list(obj["loss_mask"]) if obj.get("loss_mask") is not None else [1] * len(ids)
+        bad = next((i for i, m in enumerate(mask) if isinstance(m, bool) or m not in (0, 1)), None)
+        if bad is not None:
+            raise ValueError(f"loss_mask[{bad}] = {mask[bad]!r} is not 0 or 1"[:200])
     else:
         completion = obj.get("completion_ids", obj.get("output_ids"))
         if completion is None:
             raise ValueError("row has no input_ids, completion_ids or output_ids")
-        prompt = list(obj.get("prompt_ids") or [])
-        ids, mask = prompt + list(completion), [0] * len(prompt) + [1] * len(completion)
+        prompt = token_ids(obj.get("prompt_ids") or [], "prompt_ids")
+        completion = token_ids(completion, "completion_ids" if "completion_ids" in obj else "output_ids")
+        ids, mask = prompt + completion, [0] * len(prompt) + [1] * len(completion)
     if len(ids) != len(mask):
         raise ValueError(f"input_ids ({len(ids)}) and loss_mask ({len(mask)}) differ in length")
     if len(ids) < 2:
         raise ValueError("row has fewer than 2 tokens")
     if not any(mask):
         raise ValueError("row has no supervised tokens")
-    return Row(rid, [int(i) for i in ids], [1 if m else 0 for m in mask])
+    return Row(rid, ids, [int(m) for m in mask])
 
 
 LITERAL_MARKER_REASON = "flag literal_marker: marker text that may have been special tokens (keep_literal_marker keeps it)"
+DROPPED_BY_SERVER_REASON = ("flag dropped_by_server: the server dropped a cut tool call, so the IDs after the "
+                            "last known byte are unknown")
 
 
 def load_rows(path: str | Path, keep_literal_marker: bool = False,
@@ -71,7 +104,8 @@ def load_rows(path: str | Path, keep_literal_marker: bool = False,
     """Rows from ``.parquet`` (reconstructed rows) or ``.jsonl``; returns ``(rows, skipped)`` where every
     unusable record is in ``skipped`` as ``{index, id, reason}``. Rows flagged ``literal_marker`` (text
     that spells ``</think>``, ``<|im_end|>`` …, which the model may have emitted as special tokens) are
-    skipped unless ``keep_literal_marker``. ``target``: when that model directory has a ``kimi_ids.json``
+    skipped unless ``keep_literal_marker``; rows flagged ``dropped_by_server`` (a cut tool call the server
+    dropped: the model's IDs after the last known byte are unknown) are always skipped. ``target``: when that model directory has a ``kimi_ids.json``
     row map (tiny-kimi), the rows' Kimi IDs become its rows (:mod:`kimi_eagle.eagle3.row_space`); a row
     with an ID the model has no row for is skipped naming it."""
     id_map = target_id_map(target)
@@ -87,8 +121,11 @@ def load_rows(path: str | Path, keep_literal_marker: bool = False,
         try:
             if error:
                 raise ValueError(error)
-            if not keep_literal_marker and isinstance(obj, dict) and "literal_marker" in list(obj.get("flags") or ()):
+            flags = list(obj.get("flags") or ()) if isinstance(obj, dict) else []
+            if not keep_literal_marker and "literal_marker" in flags:
                 raise ValueError(LITERAL_MARKER_REASON)
+            if "dropped_by_server" in flags:
+                raise ValueError(DROPPED_BY_SERVER_REASON)
             row = row_from_obj(obj, index)
             rows.append(row if id_map is None else Row(row.id, model_ids(row.input_ids, id_map), row.loss_mask))
         except (ValueError, TypeError) as e:

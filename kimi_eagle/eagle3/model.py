@@ -376,37 +376,131 @@ def shift_left(x: torch.Tensor, n: int, fill: float | int = 0) -> torch.Tensor:
     return torch.cat([x[:, n:], torch.full(pad_shape, fill, dtype=x.dtype)], dim=1)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a page of numbers
+MAX_DRAFTER_WEIGHTS = 4_000_000_000  # a Kimi-K2-sized EAGLE-3 drafter (hidden 7168, vocab 163,840) is ~2.2e9
+
+
+def read_config_json(path: str | Path, what: str = "config") -> dict:
+    """``path`` (a ``config.json``) as a JSON object, or a ValueError naming the file and what it should be."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path}: {size} bytes; a {what} is at most {MAX_CONFIG_BYTES} bytes")
+        raw = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: the {what} is not JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: the {what} must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def drafter_config(values: dict, where: str) -> Eagle3Config:
+    """An :class:`Eagle3Config` from ``values``: known keys, positive integer sizes, and a network of at most
+    :data:`MAX_DRAFTER_WEIGHTS` weights, checked before anything is allocated."""
+    try:
+        cfg = Eagle3Config(**values)
+    except TypeError as e:
+        raise ValueError(f"{where}: not a drafter config ({e})") from None
+    sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "vocab_size", "draft_vocab_size", "target_hidden_size", "max_position_embeddings", "target_num_layers")
+    for name in sizes:
+        v = getattr(cfg, name)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{where}: {name} must be a positive integer, got {v!r}"[:200])
+    h, heads = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+    weights = (cfg.vocab_size * h + 3 * cfg.target_hidden_size * h + 2 * h * heads
+               + 2 * 2 * h * cfg.num_key_value_heads * cfg.head_dim + heads * h + 3 * h * cfg.intermediate_size
+               + cfg.draft_vocab_size * h)
+    if weights > MAX_DRAFTER_WEIGHTS:
+        raise ValueError(f"{where}: the config describes a drafter of {weights:.3g} weights (hidden_size {h}, "
+                         f"intermediate_size {cfg.intermediate_size}); at most {MAX_DRAFTER_WEIGHTS:.0e}")
+    return cfg
+
+
+def check_weight_shapes(cfg: Eagle3Config, path: str | Path, optional: tuple[str, ...] = ()) -> None:
+    """The tensors the config describes (built on the ``meta`` device: nothing allocated) against the shapes in
+    the header of the safetensors file ``path``; a ValueError names the first that differs. ``optional``: names
+    the file may lack (embeddings an export leaves to the target)."""
+    from safetensors import SafetensorError, safe_open
+
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Eagle3Drafter(cfg).state_dict().items()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            stored = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+    for name, shape in expected.items():
+        if name not in stored and name in optional:
+            continue
+        if stored.get(name) != shape:
+            got = "missing" if name not in stored else f"{list(stored[name])}"
+            raise ValueError(f"{path}: {name} is {got} but the config (hidden_size {cfg.hidden_size}) needs "
+                             f"{list(shape)}")
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, or a ValueError naming it (a pickle renamed ``.safetensors`` is refused:
+    safetensors reads a header and raw bytes, never code)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _load_state(model: nn.Module, state: dict, where: str) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # missing, unexpected or wrongly shaped tensors
+        raise ValueError(f"{where}: the weights do not fit the config: {' '.join(str(e).split())[:300]}") from None
+
+
 def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagle3Drafter:
     """Load a native drafter, an exported SGLang/vLLM one, or a speculators EAGLE-3 checkpoint
     (:mod:`.speculators_checkpoint`); embeddings a checkpoint lacks come from ``target_dir``."""
-    from safetensors.torch import load_file
-
     path = Path(path)
-    raw = json.loads((path / "config.json").read_text())
-    state = load_file(str(path / "model.safetensors"))
+    where = str(path / "config.json")
+    raw = read_config_json(path / "config.json", "drafter config")
     if raw.get("format") == NATIVE_FORMAT:
-        model = Eagle3Drafter(Eagle3Config(**raw["config"]))
-        model.load_state_dict(state)
+        if not isinstance(raw.get("config"), dict):
+            raise ValueError(f"{where}: `config` must be a JSON object")
+        cfg = drafter_config(raw["config"], where)
+        check_weight_shapes(cfg, path / "model.safetensors")
+        model = Eagle3Drafter(cfg)
+        _load_state(model, load_weights(path / "model.safetensors"), str(path))
         return model
     if raw.get("speculators_model_type") == "eagle3":  # trained or saved by speculators (Eagle3DraftModel)
         from kimi_eagle.eagle3.speculators_checkpoint import kit_drafter_parts
 
         config, state = kit_drafter_parts(path, target_dir)
-        model = Eagle3Drafter(Eagle3Config(**config))
+        model = Eagle3Drafter(drafter_config(config, where))
         if "embed_tokens.weight" not in state:
             if target_dir is None:
                 raise ValueError(f"{path}: this speculators checkpoint carries no embeddings; pass the target directory")
             state["embed_tokens.weight"] = target_tensor(target_dir, "embed_tokens.weight")
-        model.load_state_dict(state)
+        _load_state(model, state, str(path))
         return model
     if "LlamaForCausalLMEagle3" not in (raw.get("architectures") or []):
         raise ValueError(f"{path}: neither a kimi-eagle drafter nor an exported LlamaForCausalLMEagle3")
-    model = Eagle3Drafter(Eagle3Config.from_engine_config(raw))
+    try:
+        config = asdict(Eagle3Config.from_engine_config(raw))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise ValueError(f"{where}: not an EAGLE-3 config ({type(e).__name__}: {e})") from None
+    cfg = drafter_config(config, where)
+    check_weight_shapes(cfg, path / "model.safetensors", optional=("embed_tokens.weight",))
+    model = Eagle3Drafter(cfg)
+    state = load_weights(path / "model.safetensors")
     if "embed_tokens.weight" not in state:
         if target_dir is None:
             raise ValueError(f"{path}: exported drafters carry no embeddings; pass the target directory")
         state["embed_tokens.weight"] = target_tensor(target_dir, "embed_tokens.weight")
-    model.load_state_dict(state)
+    _load_state(model, state, str(path))
     return model
 
 

@@ -38,6 +38,7 @@ from kimi_eagle.eagle3.layouts import (
     row_names,
     speculators_path,
 )
+from kimi_eagle.eagle3.model import read_config_json
 from kimi_eagle.eagle3.quant import dequantize_fp8
 
 
@@ -151,8 +152,11 @@ def _own_manifest(hidden_dir: Path, any_format: bool = False) -> dict:
 
 
 def _target_config(target: str | Path) -> dict:
-    cfg = json.loads((Path(target) / "config.json").read_text())
-    return cfg.get("text_config", cfg)
+    cfg = read_config_json(Path(target) / "config.json", "target config")
+    text = cfg.get("text_config", cfg)
+    if not isinstance(text, dict):
+        raise ValueError(f"{target}/config.json: text_config must be a JSON object")
+    return text
 
 
 class _LayoutReader:
@@ -303,13 +307,35 @@ class SpeculatorsHiddenStates(_LayoutReader):
                 for k in self._keys)
 
 
+GZIP_MAX_RATIO = 32  # hidden states compress by well under 2x; a gzip bomb by 1000x
+GZIP_MIN_LIMIT = 64 << 20  # bytes any .gz may expand to, whatever its ratio
+
+
+class DecompressedTooLarge(ValueError):
+    """A ``.gz`` file that expands past its limit (a gzip bomb, or not hidden states)."""
+
+
+def read_gzip_bounded(path: Path, limit: int | None = None) -> bytes:
+    """The decompressed bytes of ``path``, read in chunks and refused past ``limit`` (default: the larger of
+    :data:`GZIP_MIN_LIMIT` and :data:`GZIP_MAX_RATIO` times the compressed size) before more is allocated."""
+    limit = limit if limit is not None else max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * path.stat().st_size)
+    out = io.BytesIO()
+    with gzip.open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            if out.tell() + len(chunk) > limit:
+                raise DecompressedTooLarge(f"{path.name}: decompresses to more than {limit} bytes "
+                                           f"({path.stat().st_size} compressed); refused as a gzip bomb")
+            out.write(chunk)
+    out.seek(0)
+    return out.getvalue()
+
+
 def load_specforge_file(path: str | Path) -> dict[str, Any]:
-    """A SpecForge ``.ckpt`` (or ``.ckpt.gz``) with ``torch.load(weights_only=True)``: tensors and plain data
-    only; anything else raises ``pickle.UnpicklingError``."""
+    """A SpecForge ``.ckpt`` (or ``.ckpt.gz``, bounded by :func:`read_gzip_bounded`) with
+    ``torch.load(weights_only=True)``: tensors and plain data only; anything else raises ``pickle.UnpicklingError``."""
     path = Path(path)
     if path.name.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            return torch.load(io.BytesIO(f.read()), weights_only=True)
+        return torch.load(io.BytesIO(read_gzip_bounded(path)), weights_only=True)
     return torch.load(path, weights_only=True, mmap=True)
 
 
@@ -340,6 +366,9 @@ class SpecForgeHiddenStates(_LayoutReader):
                 data = load_specforge_file(path)
             except pickle.UnpicklingError as e:
                 self._skip(idx, path.name, f"refused: not plain tensors ({str(e).splitlines()[0][:120]})")
+                continue
+            except DecompressedTooLarge as e:
+                self._skip(idx, path.name, f"refused: {e}")
                 continue
             except Exception as e:  # noqa: BLE001 - a torn file is skipped with its reason
                 self._skip(idx, path.name, f"unreadable: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}")

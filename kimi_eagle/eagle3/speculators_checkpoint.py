@@ -18,8 +18,11 @@ What is read (facts of speculators 0.9.0's ``Eagle3SpeculatorConfig`` / ``Eagle3
 Only the architecture the kit's drafter implements is accepted: one decoder layer and
 ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output`` all false (SGLang's and vLLM's
 ``LlamaForCausalLMEagle3``). speculators' own *training* defaults set ``norm_before_residual``,
-``norm_before_fc`` and ``norm_output``; such a checkpoint is refused with the flags named, never loaded into
-a different network. This module does not import the kit's model (``load_drafter`` imports it).
+``norm_before_fc`` and ``norm_output`` (and a 2,048-token sliding window); such a checkpoint is refused with the
+flags named, never loaded into a different network. The runbook's ``speculators.sh`` therefore passes flags that
+select this layer (``kimi_eagle.apps.interop.configs.RECIPE``: ``--no-norm-before-residual --no-norm-before-fc
+--no-norm-output --full-attention-indices 0``), and the drafter it trains loads here as it is (docs/scale.md,
+"One drafter configuration"). This module does not import the kit's model (``load_drafter`` imports it).
 """
 from __future__ import annotations
 

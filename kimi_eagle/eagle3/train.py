@@ -13,7 +13,10 @@ positions and divided by their number.
 states inside each step (:mod:`kimi_eagle.eagle3.online`): nothing is stored, the loss is the same.
 
 Runs single-process or under ``torchrun`` (DDP; gloo on CPU). Checkpoints hold the drafter, optimizer,
-scheduler, RNG states and the data position; ``--resume`` continues exactly where a run stopped.
+scheduler, RNG states, the data position, the settings and a fingerprint of the data; a run continues exactly
+where a checkpoint stopped only when its settings and data equal the requested ones (:func:`choose_start`):
+otherwise it starts fresh in a new run folder (``OUT.run2``, ...) or, with ``resume=True``, is refused.
+Every summary says how it started: ``"start": "fresh"`` or ``"resumed from step N"``.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import math
 import os
 import pickle
 import random
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -37,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kimi_eagle.eagle3 import draft_vocab
-from kimi_eagle.eagle3.model import Eagle3Drafter, shift_left, target_tensor
+from kimi_eagle.eagle3.model import Eagle3Drafter, read_config_json, shift_left, target_tensor
 from kimi_eagle.eagle3.readers import open_hidden_states
 from kimi_eagle.eagle3.row_space import id_space, target_id_map
 from kimi_eagle.io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
@@ -60,7 +64,8 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 50
     log_every: int = 10
-    resume: bool = False
+    resume: bool | None = None  # None: resume when the checkpoint's settings and data equal these, else start fresh in
+    # a new run folder (see choose_start); True: resume or refuse (ResumeRefused); False: start fresh in ``out``
     stop_after: int | None = None  # stop (with a checkpoint) after this many steps in total: simulates an interruption
     progress: bool = True
     online: bool = False  # compute the target's hidden states in each step instead of reading shards
@@ -170,10 +175,22 @@ def load_checkpoint(path: str | Path) -> dict:
     """A checkpoint :meth:`Trainer.save_checkpoint` wrote, read with ``weights_only``: a planted file
     cannot run code; it is refused with a ValueError naming the reason."""
     try:
-        return torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as e:
         raise ValueError(f"{path}: refused to load the checkpoint (only tensors and plain data are "
                          f"accepted): {str(e).splitlines()[0]}") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:  # truncated, empty, not a torch file
+        first = (str(e).splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        raise ValueError(f"{path}: not a readable checkpoint (truncated or not written by kimi-eagle train): "
+                         f"{first}") from None
+    missing = sorted(CHECKPOINT_KEYS - set(state)) if isinstance(state, dict) else None
+    if missing is None or missing:
+        found = f"missing {', '.join(missing)}" if missing else f"a {type(state).__name__}"
+        raise ValueError(f"{path}: not a kimi-eagle training checkpoint ({found}); delete it or train with --fresh")
+    return state
+
+
+CHECKPOINT_KEYS = frozenset({"model", "optimizer", "scheduler", "step", "rng", "config"})
 
 
 def param_digest(module: nn.Module) -> str:
@@ -183,6 +200,86 @@ def param_digest(module: nn.Module) -> str:
         h.update(name.encode())
         h.update(t.detach().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------
+# where a run starts: resume only what was trained with the same settings on the same data
+
+RUN_ONLY_SETTINGS = ("out", "resume", "stop_after", "progress", "save_every", "log_every")  # change no weight
+
+
+class ResumeRefused(ValueError):
+    """``resume=True`` and the checkpoint was trained with other settings or data."""
+
+
+@dataclass
+class StartDecision:
+    out: Path  # the run folder this run writes
+    checkpoint: Path | None  # resume from it (None: fresh)
+    note: str  # why, in words ("" when resuming in ``cfg.out`` or starting fresh where nothing was)
+
+
+def data_fingerprint(data, vocab: draft_vocab.DraftVocab) -> str:
+    """SHA-256 over what training reads of ``data``: row count and lengths, layer ids, vocabulary size, the
+    shards' recorded sha256 (kit layout) or the token rows (other layouts, online), and the draft vocabulary."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"rows": len(data), "lengths": list(data.lengths()), "layer_ids": list(data.layer_ids),
+                         "vocab_size": data.manifest.get("vocab_size"),
+                         "shards": [s.get("sha256") for s in data.manifest.get("shards", [])],
+                         "draft_vocab": vocab.draft_to_target.tolist()}).encode())
+    if hasattr(data, "token_rows"):
+        for ids, mask in data.token_rows():
+            h.update(ids.to(torch.int64).numpy().tobytes() + b"|" + mask.to(torch.int64).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _same_path(a, b) -> bool:
+    return a == b or (isinstance(a, str) and isinstance(b, str) and os.path.abspath(a) == os.path.abspath(b))
+
+
+def checkpoint_differences(state: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
+    """``"name saved → requested"`` for each training setting (not :data:`RUN_ONLY_SETTINGS`) that differs
+    between a checkpoint and ``cfg``, plus ``"the data changed"`` when its fingerprint differs; [] = same run."""
+    saved, now = state.get("config") or {}, asdict(cfg)
+    diffs = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key, "unset"), now.get(key, "unset")
+        if key not in RUN_ONLY_SETTINGS and not _same_path(a, b):
+            diffs.append(f"{key} {a!r} → {b!r}")
+    if state.get("data_fingerprint") != fingerprint:
+        diffs.append("the data changed" if state.get("data_fingerprint") else "the checkpoint records no data fingerprint")
+    return diffs
+
+
+def run_folders(out: Path) -> Iterator[Path]:
+    """``out``, then ``out.run2``, ``out.run3``, ... (the folders a changed configuration moves on to)."""
+    yield out
+    for k in range(2, 10_000):
+        yield out.parent / f"{out.name}.run{k}"
+
+
+def choose_start(cfg: TrainConfig, fingerprint: str) -> StartDecision:
+    """Where and how a run starts. ``resume=False``: fresh in ``out``. Otherwise the first of
+    :func:`run_folders` whose checkpoint has these settings and data is resumed, or the first without a
+    checkpoint starts fresh; with ``resume=True`` a checkpoint in ``out`` that differs raises
+    :class:`ResumeRefused` naming the differences."""
+    out = Path(cfg.out)
+    if cfg.resume is False:
+        return StartDecision(out, None, "")
+    moved = []
+    for folder in run_folders(out):
+        checkpoint = folder / "checkpoint" / "last.pt"
+        if not checkpoint.exists():
+            return StartDecision(folder, None, "; ".join(moved))
+        diffs = checkpoint_differences(load_checkpoint(checkpoint), cfg, fingerprint)
+        if not diffs:
+            return StartDecision(folder, checkpoint, "; ".join(moved))
+        if cfg.resume:
+            raise ResumeRefused(f"cannot resume {folder}: its checkpoint was trained with other settings "
+                                f"({', '.join(diffs)}); leave out --resume (resume=None) to start fresh in a new run folder, "
+                                f"or give another output folder")
+        moved.append(f"{folder} holds a run with other settings ({', '.join(diffs)})")
+    raise ResumeRefused(f"{out}: no free run folder")
 
 
 # ------------------------------------------------------------------------------------------
@@ -244,20 +341,24 @@ class Trainer:
     :func:`batch_indices`), the history log and the checkpoints.
 
     Construction builds everything from ``cfg`` (the draft vocabulary from the data, the drafter from the
-    target's weights) and, with ``cfg.resume``, continues from ``out/checkpoint/last.pt`` when it exists.
+    target's weights) and picks where it starts (:func:`choose_start`): :attr:`out` is the run folder it
+    writes (``cfg.out``, or ``cfg.out.runK`` when that holds another run) and :attr:`start` says
+    ``"fresh"`` or ``"resumed from step N"``, with :attr:`start_note` saying why.
     :meth:`run` trains up to :attr:`end_step`; :meth:`finish` writes the results and returns the summary.
     ``world``/``rank``: this process under DDP (see :func:`process_group`); rank 0 writes the shared files.
     """
 
     def __init__(self, cfg: TrainConfig, world: int = 1, rank: int = 0):
         self.cfg, self.world, self.rank = cfg, world, rank
-        self.out = Path(cfg.out)
+        self.data = open_training_data(cfg)
+        self.vocab = draft_vocabulary(self.data, cfg.draft_vocab_size)
+        self.fingerprint = data_fingerprint(self.data, self.vocab)
+        decision = choose_start(cfg, self.fingerprint)
+        self.out, self.start_note = decision.out, decision.note
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path = self.out / "checkpoint" / "last.pt"
         self.log_path = self.out / "train_log.jsonl"
-        self.data = open_training_data(cfg)
-        self.vocab = draft_vocabulary(self.data, cfg.draft_vocab_size)
         self.drafter, self.loss = self._build_drafter()
         self.trainable = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -266,8 +367,9 @@ class Trainer:
         self.rows_seen: list[int] = []  # every row this rank trained on, in order
         self.tokens = 0  # padded tokens this rank fed to the drafter
         self.seconds = 0.0  # time spent in run()
-        if cfg.resume and self.checkpoint_path.exists():
-            self.resume(self.checkpoint_path)
+        if decision.checkpoint is not None:
+            self.resume(decision.checkpoint)
+        self.start = f"resumed from step {self.step}" if decision.checkpoint is not None else "fresh"
         self.module = self.loss
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -276,7 +378,7 @@ class Trainer:
 
     def _build_drafter(self) -> tuple[Eagle3Drafter, TTTLoss]:
         cfg = self.cfg
-        target_config = SimpleNamespace(**json.loads((Path(cfg.target) / "config.json").read_text()))  # no transformers import
+        target_config = SimpleNamespace(**read_config_json(Path(cfg.target) / "config.json", "target config"))  # no transformers import
         lm_head = target_tensor(cfg.target, "lm_head.weight")
         drafter = Eagle3Drafter.from_target_weights(target_config, target_tensor(cfg.target, "embed_tokens.weight"),
                                                     lm_head, self.vocab, self.data.layer_ids, seed=cfg.seed)
@@ -298,7 +400,7 @@ class Trainer:
         state = {
             "model": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": _rng_state(),
-            "config": asdict(self.cfg), "draft_vocab": self.vocab.report(),
+            "config": asdict(self.cfg), "draft_vocab": self.vocab.report(), "data_fingerprint": self.fingerprint,
         }
         with atomic_path(path if path is not None else self.checkpoint_path) as tmp:
             torch.save(state, tmp)
@@ -340,6 +442,8 @@ class Trainer:
         (:func:`read_history` entries, appended to ``train_log.jsonl``; a resumed run first drops what was
         logged after its checkpoint) and checkpoints every ``save_every`` steps and at the end."""
         cfg, end = self.cfg, self.end_step
+        if self.rank == 0 and cfg.progress:
+            print(f"train: {self.start} in {self.out}" + (f" ({self.start_note})" if self.start_note else ""), file=sys.stderr)
         log = self._open_log() if self.rank == 0 else None
         bar = self._progress_bar() if self.rank == 0 and cfg.progress else None
         window = torch.zeros(cfg.ttt_steps, 3)
@@ -376,12 +480,13 @@ class Trainer:
 
     # -- results ---------------------------------------------------------------------------
     def summary(self) -> dict:
-        """``step``, ``finished``, ``world_size``, ``online``, ``token_ids``, ``draft_vocab``, ``layer_ids``,
-        ``data_skipped`` and ``train_tokens_per_s`` (all ranks' tokens over :meth:`run`'s time)."""
-        return {"step": self.step, "finished": self.finished, "world_size": self.world, "online": self.cfg.online,
+        """``start`` ("fresh" / "resumed from step N"), ``start_note``, ``out`` (the run folder), ``step``,
+        ``finished``, ``world_size``, ``online``, ``token_ids``, ``draft_vocab``, ``layer_ids``, ``data_skipped``
+        and ``train_tokens_per_s`` (all ranks' tokens over :meth:`run`'s time; None when no step ran)."""
+        return {"start": self.start, "start_note": self.start_note, "out": str(self.out), "step": self.step, "finished": self.finished, "world_size": self.world, "online": self.cfg.online,
                 "token_ids": self.token_ids, "draft_vocab": self.vocab.report(),
                 "layer_ids": list(self.data.layer_ids), "data_skipped": self.data.manifest.get("read_skipped_by_reason", {}),
-                "train_tokens_per_s": round(self.tokens * self.world / self.seconds, 1) if self.seconds else None}
+                "train_tokens_per_s": round(self.tokens * self.world / self.seconds, 1) if self.tokens and self.seconds else None}
 
     @property
     def token_ids(self) -> str:
@@ -416,9 +521,9 @@ class Trainer:
 
 
 def train_drafter(cfg: TrainConfig) -> dict:
-    """Train (or with ``cfg.resume`` continue) a drafter with a :class:`Trainer` and return its summary.
+    """Train (or continue, see :func:`choose_start`) a drafter with a :class:`Trainer` and return its summary.
 
-    Files in ``cfg.out``: ``train_log.jsonl`` (one line per ``log_every`` steps, see :func:`read_history`),
+    Files in the run folder (``summary["out"]``): ``train_log.jsonl`` (one line per ``log_every`` steps, see :func:`read_history`),
     ``checkpoint/last.pt``, ``train_metrics.json`` (the summary), ``drafter/`` once every step is done,
     and ``ddp_rank<r>.json`` per process under DDP (``torchrun``). Charts are drawn by the apps
     (``kimi-eagle train`` draws ``train_curves.png`` from the log).

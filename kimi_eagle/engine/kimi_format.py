@@ -21,6 +21,7 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, ParseOptions, parse_completion
+from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, history_call_count, preprocess_request
 from kimi_eagle.records import RecordError
 from kimi_eagle.tokenize.tokenizer import Tokenizer, special_id
 
@@ -33,11 +34,14 @@ class KimiPromptError(ValueError):
 
 
 class KimiPromptRenderer:
-    """K2.5 prompts for one tokenizer; the encoder's run cache is shared by calls (guarded by a lock)."""
+    """K2.5 prompts for one tokenizer, rendered as ``serving``'s server renders them (its preprocessing and
+    tool declaration; :mod:`kimi_eagle.chat.serving`); the encoder's run cache is shared by calls (guarded by
+    a lock)."""
 
-    def __init__(self, tok: Tokenizer) -> None:
+    def __init__(self, tok: Tokenizer, serving: str | ServingProfile = "template") -> None:
         self.tok = tok
-        self.fmt = get_format(KIMI_CHAT_FORMAT)
+        self.serving = get_profile(serving)
+        self.fmt = get_format(KIMI_CHAT_FORMAT, tool_declaration=self.serving.tool_declaration)
         self._encoder = PieceEncoder(tok)
         self._lock = threading.Lock()
 
@@ -47,6 +51,8 @@ class KimiPromptRenderer:
             normalised = normalise_messages(messages)
             if tools is not None and not isinstance(tools, list):
                 raise RecordError("tools must be a list")
+            if self.serving != PROFILES["template"]:
+                normalised, tools = preprocess_request(normalised, tools or None, self.serving)
             pieces = self.fmt.prompt_pieces(normalised, tools or None)
         except RecordError as e:
             raise KimiPromptError(str(e)) from None
@@ -77,15 +83,22 @@ def reasoning_token_count(output_ids: Sequence[int], tok: Tokenizer) -> int:
     return len(output_ids)
 
 
-def kimi_chat_answer(output_ids: Sequence[int], tok: Tokenizer, engine_finish_reason: str) -> KimiAnswer:
+def kimi_chat_answer(output_ids: Sequence[int], tok: Tokenizer, engine_finish_reason: str,
+                     serving: str | ServingProfile = "template", messages: Sequence[dict] = ()) -> KimiAnswer:
     """Parse sampled K2.5 IDs (after the ``<think>`` of the generation prompt) into the API answer.
 
-    The parse is :func:`kimi_eagle.chat.parse.parse_completion` with its defaults (whitespace kept,
-    the ids the model wrote, a call never closed keeps its arguments). An engine ``length`` stop stays
-    ``length``; an output ending in ``<|im_end|>`` is ``tool_calls`` when a call parsed, else ``stop``.
+    The parse is :func:`kimi_eagle.chat.parse.parse_completion` as ``serving``'s server parses (``template``:
+    whitespace kept, the ids the model wrote, a call never closed keeps its arguments); ``messages``: the
+    request's (SGLang numbers ids after their tool calls). An engine ``length`` stop stays ``length`` unless
+    the profile reports ``tool_calls`` for any tool section (vLLM); an output ending in ``<|im_end|>`` is
+    ``tool_calls`` when a call parsed (or, for vLLM/SGLang, a tool section began), else ``stop``.
     """
-    parsed = parse_completion(list(output_ids), tok, ParseOptions(format_name=KIMI_CHAT_FORMAT))
-    finish = "length" if engine_finish_reason == "length" else parsed.finish_reason
+    profile = get_profile(serving)
+    parsed = parse_completion(list(output_ids), tok, ParseOptions(format_name=KIMI_CHAT_FORMAT, serving=profile,
+                                                                  history_tool_calls=history_call_count(list(messages))))
+    keep_length = engine_finish_reason == "length" and not (
+        profile.finish_on_section == "always" and parsed.finish_reason == "tool_calls")
+    finish = "length" if keep_length else parsed.finish_reason
     message = {"role": "assistant", "content": parsed.content, "refusal": None, "reasoning": parsed.reasoning}
     if parsed.tool_calls:
         message["tool_calls"] = parsed.tool_calls

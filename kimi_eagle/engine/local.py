@@ -27,7 +27,6 @@ engines' incremental detokenizers do; a final EOS contributes nothing.
 from __future__ import annotations
 
 import inspect
-import json
 import secrets
 import threading
 import time
@@ -52,23 +51,17 @@ class TemplateRefused(EngineError):
 
 
 def sandboxed_template(source: str) -> Any:
-    """``source`` compiled by ``jinja2.sandbox.ImmutableSandboxedEnvironment`` with the options transformers renders
-    chat templates with (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_exception``, ``tojson``)."""
+    """``source`` compiled in jinja2's immutable sandbox with the options transformers renders chat templates with
+    (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_exception``, ``tojson``); its ``render`` is
+    bounded in steps, time and output size (:mod:`kimi_eagle.chat.template_sandbox`: ``TemplateLimitError``)."""
     from jinja2.exceptions import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from kimi_eagle.chat.template_sandbox import bounded_template
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(source)
+    return bounded_template(source, raise_exception)
 
 
 @dataclass(frozen=True)
@@ -104,6 +97,9 @@ class Generation:
     sampling: SamplingParams
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # with ``generate(..., logprobs=k)``: per output token, its log-probability and the ``k`` most likely
+    # ``(token ID, log-probability)`` pairs, from the model's raw distribution (before temperature and top-p)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 def plain_prompt_ids(tok: Tokenizer, messages: Sequence[dict], bos_id: int | None) -> list[int]:
@@ -247,7 +243,7 @@ class Engine:
             from kimi_eagle.engine.kimi_format import KimiPromptError, KimiPromptRenderer
 
             if self._kimi_renderer is None:
-                self._kimi_renderer = KimiPromptRenderer(self.tok)
+                self._kimi_renderer = KimiPromptRenderer(self.tok, getattr(self, "serving", "template"))
             try:
                 return self._kimi_renderer.prompt_ids(messages, tools)
             except KimiPromptError as e:
@@ -285,8 +281,11 @@ class Engine:
 
     # ---- sampling
 
-    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        """Sample one completion. The seed actually used is recorded in ``Generation.sampling``."""
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: int | None = None) -> Generation:
+        """Sample one completion. The seed actually used is recorded in ``Generation.sampling``.
+
+        ``logprobs`` (``None``: off; ``k >= 0``): record each sampled token's log-probability and the top ``k``
+        alternatives in ``Generation.logprobs`` (the sampling itself is unchanged: same seed, same tokens)."""
         sampling.validate()
         torch = self.torch
         prompt = list(prompt_ids)
@@ -306,6 +305,7 @@ class Engine:
         except IdMapError as e:
             raise EngineError(f"{self.name}: {e}") from None
         out: list[int] = []
+        scores: list[tuple[float, list[tuple[int, float]]]] | None = [] if logprobs is not None else None
         finish = "length"
         start = time.perf_counter()
         with self._lock, torch.inference_mode():
@@ -314,6 +314,8 @@ class Engine:
                 row = self._sample(result.logits[0, -1], used, gen)
                 token = rows.kimi_ids[row] if rows is not None else row
                 out.append(token)
+                if scores is not None:
+                    scores.append(self._logprob_entry(result.logits[0, -1], row, logprobs or 0))
                 if token in eos:
                     finish = "stop"
                     break
@@ -321,7 +323,18 @@ class Engine:
                     break
                 cache = getattr(result, self._cache_arg, None)
                 result = self.model(input_ids=torch.tensor([[row]]), use_cache=True, **{self._cache_arg: cache})
-        return Generation(prompt, out, finish, used, time.perf_counter() - start)
+        return Generation(prompt, out, finish, used, time.perf_counter() - start, logprobs=scores)
+
+    def _logprob_entry(self, logits: Any, row: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+        """The sampled row's log-probability and the top ``k`` ``(token ID, log-probability)`` pairs."""
+        torch = self.torch
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        to_id = self.id_map.kimi_ids if self.id_map is not None else None
+        top: list[tuple[int, float]] = []
+        if k > 0:
+            values, rows = torch.topk(logp, min(k, logp.shape[-1]))
+            top = [(to_id[int(r)] if to_id is not None else int(r), float(v)) for v, r in zip(values, rows)]
+        return float(logp[row]), top
 
     def _sample(self, logits: Any, sp: SamplingParams, gen: Any) -> int:
         torch = self.torch

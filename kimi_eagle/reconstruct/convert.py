@@ -2,8 +2,12 @@
 
 Sources: ``glaive`` (LLaMA-Factory ShareGPT with ``function_call``/``observation`` turns and a
 ``tools`` JSON string), ``reason-tool-use`` (``messages`` with ``reasoning``/``text``/``tool_call``
-parts), ``sharegpt`` (``conversations`` of ``from``/``value``; JSON array or JSONL) and ``openai``
-(JSONL of ``{"id"?, "messages", "tools"?}`` in OpenAI chat format).
+parts), ``sharegpt`` (``conversations`` of ``from``/``value``; JSON array or JSONL) and ``openai``: your own
+logs, one object per line or a JSON array, each either a logged completion — ``{"id"?, "request",
+"response"}``, or the request's fields beside the ``response`` (the OpenAI SDK's ``model_dump()`` or
+OpenRouter's response JSON), kept as logged with its ``usage``, ``provider``, ``finish_reason`` and ``model``
+(see :mod:`kimi_eagle.reconstruct.log_shapes`) — or a conversation ``{"id"?, "messages", "tools"?}`` in
+OpenAI chat format, one record per assistant turn.
 
 Each assistant turn j becomes ``{"id": "SOURCE:CONV:j", "dataset", "request": {"model", "messages":
 messages[:j], "tools"?}, "response": <chat.completion with that turn>}``. Tool calls get the ids the
@@ -16,6 +20,7 @@ item, so one bad item is one error record.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -24,8 +29,10 @@ from typing import Any, Iterator
 
 from kimi_eagle.assets import data_path
 from kimi_eagle.io import MAX_DEPTH, UTF8_BOM, atomic_path, check_encoding, json_depth, loads_checked, read_jsonl
+from kimi_eagle.reconstruct.log_shapes import api_record_from_log, is_api_log
+from kimi_eagle.reconstruct.stream_log import stream_log_records
 
-SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai")
+SOURCES = ("glaive", "reason-tool-use", "sharegpt", "openai", "openai-stream")
 MODEL = "moonshotai/kimi-k2.5"
 
 
@@ -258,6 +265,11 @@ def _reason_tool_use(conv: _Conversation, item: dict) -> Iterator[dict]:
 
 
 def _openai(conv: _Conversation, item: dict) -> Iterator[dict]:
+    """A logged completion (see :mod:`~kimi_eagle.reconstruct.log_shapes`) is one record, kept as logged;
+    a conversation of ``messages`` gives one record per assistant turn."""
+    if is_api_log(item) or "choices" in item:
+        yield api_record_from_log(item, conv.source)
+        return
     for m in item["messages"]:
         if m.get("role") == "assistant":
             reasoning = m.get("reasoning_content") or m.get("reasoning")
@@ -275,6 +287,7 @@ def _openai(conv: _Conversation, item: dict) -> Iterator[dict]:
 
 
 _CONVERTERS = {"glaive": _glaive, "reason-tool-use": _reason_tool_use, "sharegpt": _sharegpt, "openai": _openai}
+_FILE_READERS = {"openai-stream": stream_log_records}  # whole-file readers: one answer spans many lines
 
 
 def convert(source_name: str, in_path: str | os.PathLike | None = None) -> Iterator[dict]:
@@ -285,11 +298,15 @@ def convert(source_name: str, in_path: str | os.PathLike | None = None) -> Itera
 
 def _convert(source_name: str, in_path: str | os.PathLike | None) -> Iterator[tuple[int, dict]]:
     """``(conversation index, API record)`` pairs."""
-    if source_name not in _CONVERTERS:
+    if source_name not in _CONVERTERS and source_name not in _FILE_READERS:
         raise ValueError(f"unknown source {source_name!r}; known: {', '.join(SOURCES)}")
     path = Path(in_path) if in_path is not None else data_path(source_name)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"input not found: {path}")
+    check_encoding(path)  # a folder, Parquet, gzip, UTF-16: refused by name before anything is read
+    if source_name in _FILE_READERS:  # logged chunk streams: see kimi_eagle.reconstruct.stream_log
+        yield from _FILE_READERS[source_name](path)
+        return
     fn = _CONVERTERS[source_name]
     for index, item, error in read_items(path):
         raw_id = item.get("id") if isinstance(item, dict) else None
@@ -334,9 +351,11 @@ def _convert_file(source_name: str, in_path: str | os.PathLike | None, out_path:
         raise ValueError(f"limit must be a positive integer, not {limit!r}")
     if Path(out_path).is_dir():
         raise ValueError(f"output {out_path} is a folder; give the path of the JSONL file to write")
+    records = _convert(source_name, in_path)
+    first = next(records, None)  # the input's checks run before the output is opened
     n, errors = 0, []
     with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for index, record in _convert(source_name, in_path):
+        for index, record in itertools.chain([first] if first else [], records):
             if limit is not None and index >= limit:
                 break
             # ensure_ascii keeps lone surrogates in the source as \\uXXXX escapes, for reconstruct to reject

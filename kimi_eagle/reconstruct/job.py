@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import asdict, dataclass
@@ -24,8 +25,9 @@ from typing import Any, Iterator
 
 from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.encoder import PieceEncoder
-from kimi_eagle.chat.formats import FORMATS, get_format
+from kimi_eagle.chat.formats import FORMATS, Format, get_format
 from kimi_eagle.io import UTF8_BOM, atomic_path, check_encoding, iter_raw_lines, write_json
+from kimi_eagle.reconstruct.columns import columnar_table
 from kimi_eagle.reconstruct.record import ReconstructOptions, error_row, reconstruct_line
 from kimi_eagle.tokenize.tokenizer import Tokenizer, load_tokenizer
 
@@ -45,45 +47,79 @@ def _schema():
         ("flags", pa.list_(pa.string())), ("finish_reason", pa.string()),
         ("billed_completion_tokens", pa.int64()), ("billed_reasoning_tokens", pa.int64()),
         ("provider", pa.string()), ("usage_error", pa.string()), ("line", pa.int64()),
+        ("ids_source", pa.string()), ("billed_cached_tokens", pa.int64()), ("cost", pa.float64()),
     ])
 
 
 ID_COLUMNS = ("prompt_ids", "completion_ids")
 
 
-def _int_lists(lists: list[list[int]]) -> "Any":
-    """A ``list<int32>`` column: one flat list converted by numpy (about twice pyarrow's nested conversion)."""
-    import numpy as np
+def reconstruction_schema() -> "Any":
+    """The Arrow schema of a reconstruction (one row per input record; docs/CONTRACTS.md)."""
+    return _schema()
+
+
+def rows_table(rows: list[dict[str, Any]], schema: "Any" = None) -> "Any":
+    """Row dicts (``reconstruct_line``'s) as a table of the reconstruction schema, built column by column
+    (:func:`~kimi_eagle.reconstruct.columns.columnar_table`); a row a column cannot hold becomes the error
+    row of its record naming why (the reference per-row path, :func:`reference_table`, decides)."""
     import pyarrow as pa
 
-    flat: list[int] = []
-    offsets = np.zeros(len(lists) + 1, dtype=np.int32)
-    for k, ids in enumerate(lists):
-        flat += ids
-        offsets[k + 1] = len(flat)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.array(flat, dtype=np.int32)))
+    schema = schema if schema is not None else _schema()
+    errors = (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError, KeyError)
+    try:
+        return columnar_table(rows, schema)
+    except errors:
+        return _table([_storable_row(r, schema) for r in rows], schema)
+
+
+def reference_table(rows: list[dict[str, Any]], schema: "Any" = None) -> "Any":
+    """The same table built the general way (``pyarrow.array`` per column): the reference the columnar
+    builder is tested against."""
+    import pyarrow as pa
+
+    schema = schema if schema is not None else _schema()
+    try:
+        return _table(rows, schema)
+    except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError):
+        return _table([_storable_row(r, schema) for r in rows], schema)
+
+
+def lines_table(lines: Any, tok: Tokenizer, fmt: Format, options: CompletionOptions, encoder: PieceEncoder) -> "Any":
+    """``(line number, raw line)`` pairs (non-blank, BOM removed) -> their rows as a reconstruction table: the
+    step every shard of the file job runs, and :func:`~kimi_eagle.reconstruct.batch.reconstruct_batch` too."""
+    return rows_table([row for lineno, raw in lines for row in reconstruct_line(raw, lineno, tok, fmt, options, encoder)])
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """Write row dicts (``reconstruct_line``'s) as a parquet of the reconstruction schema, atomically."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _schema()
-    try:
-        table = _table(rows, schema)
-    except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError):
-        table = _table([_storable_row(r, schema) for r in rows], schema)
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, use_dictionary=False)
+        pq.write_table(rows_table(rows), tmp, use_dictionary=False)
 
 
 def _table(rows: list[dict[str, Any]], schema: "Any") -> "Any":
     import pyarrow as pa
 
-    columns = {f.name: _int_lists([r[f.name] for r in rows]) if f.name in ID_COLUMNS
-               else pa.array([r[f.name] for r in rows], type=f.type) for f in schema}
-    return pa.table(columns, schema=schema)
+    return pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in schema}, schema=schema)
+
+
+def write_shard(table: "Any", path: Path) -> None:
+    """A finished shard as an Arrow IPC file, atomically (written and read back at memory speed)."""
+    import pyarrow as pa
+
+    with atomic_path(path) as tmp:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+
+
+def read_shard(path: Path) -> "Any":
+    """A shard written by :func:`write_shard`, memory-mapped."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def _storable_row(row: dict[str, Any], schema: "Any") -> dict[str, Any]:
@@ -119,15 +155,31 @@ def read_rows(path: str | os.PathLike) -> "Any":
 
 
 class _HashingReader:
-    """A binary file whose every byte read is also fed to a SHA-256 (one pass counts lines and hashes)."""
+    """A binary file whose every chunk read is also fed to a SHA-256 in a thread (hashlib releases the GIL):
+    one read of the file counts the lines while the hash runs beside it. ``hexdigest`` waits for the hash."""
 
     def __init__(self, f: Any) -> None:
+        import queue
+        import threading
+
         self.f, self.sha = f, hashlib.sha256()
+        self.chunks: Any = queue.Queue(maxsize=8)
+        self.thread = threading.Thread(target=self._hash, daemon=True)
+        self.thread.start()
+
+    def _hash(self) -> None:
+        for data in iter(self.chunks.get, None):
+            self.sha.update(data)
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(n)
-        self.sha.update(data)
+        self.chunks.put(data if data else None)
         return data
+
+    def hexdigest(self) -> str:
+        self.chunks.put(None)
+        self.thread.join()
+        return self.sha.hexdigest()
 
 
 def _shard_starts(path: Path, shard_size: int) -> tuple[int, list[tuple[int, int]], str]:
@@ -142,7 +194,7 @@ def _shard_starts(path: Path, shard_size: int) -> tuple[int, list[tuple[int, int
                 if n % shard_size == 0:
                     starts.append((offset, lineno))
                 n += 1
-    return n, starts, reader.sha.hexdigest()
+    return n, starts, reader.hexdigest()
 
 
 def _read_shard(path: Path, offset: int, lineno: int, shard_size: int) -> list[tuple[int, bytes]]:
@@ -171,13 +223,29 @@ def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, op
               parts=Path(parts))
 
 
+def shard_name(k: int) -> str:
+    """The file of finished shard ``k`` in ``OUT.parts/`` (an Arrow IPC file, see :func:`write_shard`)."""
+    return f"shard-{k:06d}.arrow"
+
+
+def refuse_foreign_parts(parts: Path) -> None:
+    """ValueError unless ``parts`` is a folder holding only what reconstruct writes there (``manifest.json``,
+    ``shard-NNNNNN.arrow`` and their temporary files): a user's folder of that name is never deleted."""
+    if not parts.is_dir() or parts.is_symlink():
+        raise ValueError(f"{parts} exists and is not reconstruct's shard folder; move it away")
+    own = re.compile(r"(manifest\.json|shard-\d{6}\.arrow)(\..*\.tmp|\.tmp.*)?|\..*\.tmp")
+    foreign = sorted(p.name for p in parts.iterdir() if p.is_dir() or not own.fullmatch(p.name))
+    if foreign:
+        raise ValueError(f"{parts} holds files reconstruct did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}); move it away or choose another output")
+
+
 def _run_shard(job: tuple[int, str, int, int, int]) -> tuple[int, int]:
     k, path, offset, lineno, shard_size = job
     lines = _read_shard(Path(path), offset, lineno, shard_size)
-    tok, encoder, fmt, options = _W["tok"], _W["encoder"], _W["fmt"], _W["options"]
-    rows = [row for lineno, raw in lines for row in reconstruct_line(raw, lineno, tok, fmt, options, encoder)]
-    write_rows(rows, _W["parts"] / f"shard-{k:06d}.parquet")
-    return k, len(rows)
+    table = lines_table(lines, _W["tok"], _W["fmt"], _W["options"], _W["encoder"])
+    write_shard(table, _W["parts"] / shard_name(k))
+    return k, table.num_rows
 
 
 def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, job: JobOptions) -> dict:
@@ -187,7 +255,7 @@ def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, 
             "tool_declaration": job.tool_declaration, "options": asdict(job.completion), "shard_size": job.shard_size}
 
 
-def _mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
+def mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
     """The first *valid* record of an id wins: every later ``ok`` row whose id is in ``first`` (id -> line of
     the first ok row, updated) becomes an error row naming that line. Error rows never claim an id."""
     import pyarrow as pa
@@ -215,10 +283,15 @@ class _Merger:
     """Streams finished shards, in order, into one parquet file (overlapping the workers).
 
     ``path`` is the temporary path of an ``atomic_path`` block: the output appears when the block ends.
-    Used as a context manager, which closes the writer.
+    Parquet encoding runs in a writer thread (pyarrow releases the GIL), two shards at most queued, so
+    it overlaps reconstruction even with one worker. Used as a context manager, which closes the writer
+    (re-raising what the writer thread raised).
     """
 
     def __init__(self, parts: Path, path: Path) -> None:
+        import queue
+        import threading
+
         import pyarrow.parquet as pq
 
         self.parts = parts
@@ -226,22 +299,40 @@ class _Merger:
         self.first: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
+        self.queue: Any = queue.Queue(maxsize=2)
+        self.failed: list[BaseException] = []
+        self.thread = threading.Thread(target=self._write, daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        for table in iter(self.queue.get, None):
+            try:
+                if not self.failed:
+                    self.writer.write_table(table)
+            except BaseException as e:  # re-raised by close
+                self.failed.append(e)
 
     def add(self, k: int) -> None:
-        import pyarrow.parquet as pq
+        import pyarrow.compute as pc
 
-        table = _mark_duplicates(pq.read_table(self.parts / f"shard-{k:06d}.parquet", schema=_schema()), self.first)
-        self.writer.write_table(table)
-        for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
-            self.counts[status] = self.counts.get(status, 0) + 1
-            if error:
-                self.errors.append(error)
+        table = mark_duplicates(read_shard(self.parts / shard_name(k)), self.first)
+        if self.failed:
+            raise self.failed[0]
+        self.queue.put(table)
+        counts = pc.value_counts(table.column("status")).to_pylist()
+        for item in counts:
+            self.counts[item["values"]] = self.counts.get(item["values"], 0) + item["counts"]
+        self.errors += [e for e in pc.drop_null(table.column("error")).to_pylist() if e]
 
     def __enter__(self) -> "_Merger":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
         self.writer.close()
+        if self.failed and exc[0] is None:
+            raise self.failed[0]
 
 
 @dataclass(frozen=True)
@@ -293,16 +384,23 @@ def check_arguments(in_path: Path, out_path: Path, format_name: str, workers: in
 
 @contextlib.contextmanager
 def output_lock(out_path: Path) -> Iterator[None]:
-    """Hold ``.OUT.lock`` beside the output (released by the OS however the run ends): one run per output."""
+    """Hold ``.OUT.lock`` beside the output (released by the OS however the run ends): one run per output.
+    The lock file is removed when the run ends (a lock taken on a file already removed counts as busy)."""
     import fcntl
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path.with_name(f".{out_path.name}.lock"), "a+") as f:
+    lock = out_path.with_name(f".{out_path.name}.lock")
+    with open(lock, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not lock.exists() or os.stat(lock).st_ino != os.fstat(f.fileno()).st_ino:
+                raise BlockingIOError
         except BlockingIOError:
             raise ValueError(f"{out_path} is being written by another run; wait for it or choose another output") from None
-        yield
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # issue 24: no lock file left beside the output
 
 
 def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
@@ -343,12 +441,13 @@ def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.P
             raise ValueError(f"cannot resume {out_path}: the input or settings changed since {parts} was written")
     else:
         if parts.exists():
+            refuse_foreign_parts(parts)  # never delete a folder reconstruct did not make
             shutil.rmtree(parts)
         parts.mkdir(parents=True)
         write_json(mpath, manifest, indent=1)
     for stale in [*parts.glob("*.tmp*"), *out_path.parent.glob(f".{out_path.name}.*.tmp")]:
         stale.unlink()  # left by a killed write
-    done = {int(p.stem.split("-")[1]) for p in parts.glob("shard-*.parquet")}
+    done = {int(p.stem.split("-")[1]) for p in parts.glob(shard_name(0).replace("000000", "*"))}
     n_shards = (n_lines + shard_size - 1) // shard_size
     jobs = ((k, str(in_path), offset, lineno, shard_size) for k, (offset, lineno) in enumerate(starts) if k not in done)
     bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)

@@ -11,7 +11,9 @@ surrogate anywhere in the rendered prompt or completion) is an error, never a si
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from kimi_eagle.chat.completion import (
@@ -20,12 +22,18 @@ from kimi_eagle.chat.completion import (
     CompletionOptions,
     ToolCall,
     Turn,
+    dropped_prefix,
     resolve_truncation,
 )
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
-from kimi_eagle.io import parse_line
+from kimi_eagle.chat.serving import PROFILES, ServingProfile, preprocess_request
+from kimi_eagle.io import loads_exact, parse_line
+from kimi_eagle.reconstruct.log_shapes import as_api_record
+from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
+from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
+from kimi_eagle.reconstruct.usage import usage_details
 from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
@@ -42,7 +50,37 @@ def convention_flags(tool_ids: str = "auto") -> list[str]:
 
 @dataclass(frozen=True)
 class ReconstructOptions(CompletionOptions):
-    """Completion options (see :class:`~kimi_eagle.chat.completion.CompletionOptions`)."""
+    """Completion options (see :class:`~kimi_eagle.chat.completion.CompletionOptions`) and the serving
+    profile whose prompt preprocessing runs before the template (:mod:`kimi_eagle.chat.serving`; its
+    tool declaration is the format's, set where the format is made)."""
+
+    serving: ServingProfile = PROFILES["template"]
+    # ``--serving auto``: JSON ``[[provider, dataset, profile fields], ...]`` (text, so that a resumed job's
+    # manifest compares equal after its JSON round trip)
+    serving_by_group: str | None = None
+
+    def for_record(self, provider: Any, dataset: Any) -> "ReconstructOptions":
+        """The options of a record of ``provider`` in ``dataset``: its group's profile when one was chosen."""
+        profile = _group_profiles(self.serving_by_group).get((provider, dataset))
+        return self if profile is None else serving_options(profile, self.tool_id_policy == "keep")
+
+
+def serving_groups(profiles: dict[tuple[Any, Any], ServingProfile]) -> str:
+    """The ``serving_by_group`` text of ``{(provider, dataset): profile}``."""
+    rows = sorted(([p, d, profile.to_dict()] for (p, d), profile in profiles.items()), key=lambda r: (str(r[0]), str(r[1])))
+    return json.dumps(rows, sort_keys=True)
+
+
+@lru_cache(maxsize=8)
+def _group_profiles(text: str | None) -> dict[tuple[Any, Any], ServingProfile]:
+    return {(p, d): ServingProfile(**fields) for p, d, fields in json.loads(text)} if text else {}
+
+
+def serving_options(profile: ServingProfile, keep_tool_ids: bool = False) -> ReconstructOptions:
+    """The reconstruction options of ``profile`` (its completion-side fields)."""
+    return ReconstructOptions(omit_think_end_before_tools=profile.omit_think_end_before_tools,
+                              tool_ids="keep" if keep_tool_ids else profile.tool_ids,
+                              unterminated_call=profile.unterminated_call, serving=profile)
 
 
 @dataclass
@@ -65,6 +103,9 @@ class ReconstructedRow:
     billed_reasoning_tokens: int | None = None
     provider: str | None = None
     usage_error: str | None = None  # why a billed count is null: usage missing, or a count that is not an integer
+    ids_source: str | None = None  # "logprobs" (the answer's logprob tokens) or "text" (encoded from the text)
+    billed_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    cost: float | None = None  # usage.cost
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a dict (shallow: the ID lists are shared, not copied)."""
@@ -78,6 +119,22 @@ class ReconstructedRow:
 # --------------------------------------------------------------------------------------------
 # Parsing an API record
 
+
+
+def _known(segments: list, seg_flags: list[str], ids: list[int], spans: list, marker: bool,
+           context: tuple) -> tuple[list, list[str], list[int], list, bool]:
+    """:func:`~kimi_eagle.chat.completion.dropped_prefix` applied, re-encoded when it cut the segments."""
+    response, finish_reason, enc, fmt = context
+    known, seg_flags = dropped_prefix(segments, seg_flags, len(ids), _billed(response), finish_reason)
+    if len(known) == len(segments):
+        return segments, seg_flags, ids, spans, marker
+    return (known, seg_flags, *enc.encode_segments_marked(known, continuation=fmt.continuation))
+
+
+def _billed(response: dict) -> int | None:
+    """``usage.completion_tokens`` when it is a count."""
+    usage = response.get("usage")
+    return _opt_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None
 
 
 def _opt_int(value: Any) -> int | None:
@@ -162,6 +219,23 @@ def parse_turn(response: Any) -> Turn:
     return Turn(reasoning, text, calls, finish)
 
 
+KIMI_TOOL_ID = re.compile(r"functions\.(.+):\d+")  # the Kimi tool-call id: functions.NAME:INDEX
+
+
+def answer_flags(response: dict, turn: Turn) -> list[str]:
+    """What reconstruction cannot keep, said: ``choices_dropped:K`` when an ``n > 1`` answer has K choices after
+    ``choices[0]`` (only the first is reconstructed), ``tool_name_mismatch`` when a call's Kimi id names another
+    function than its ``name``."""
+    flags = []
+    if len(response["choices"]) > 1:
+        flags.append(f"choices_dropped:{len(response['choices']) - 1}")
+    for call in turn.tool_calls:
+        m = KIMI_TOOL_ID.fullmatch(call.id or "")
+        if m and m.group(1) != call.name and "tool_name_mismatch" not in flags:
+            flags.append("tool_name_mismatch")
+    return flags
+
+
 
 # --------------------------------------------------------------------------------------------
 # One record
@@ -192,6 +266,30 @@ def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceE
     return enc.encode_marked(prompt_pieces)
 
 
+def _served(request: dict, messages: list[dict], tools: list | None, options: CompletionOptions, fmt: Format,
+            group: tuple[Any, Any]) -> tuple[dict, list[dict], CompletionOptions, Format]:
+    """The request as the serving profile hands it to the template (unchanged for ``template``), and the
+    options and format of the record's group (``--serving auto``: its profile and tool declaration)."""
+    if getattr(options, "serving_by_group", None):
+        options = options.for_record(*group)
+        fmt = _declaring(fmt, options.serving.tool_declaration)
+    serving = getattr(options, "serving", None)
+    if serving is None or serving == PROFILES["template"]:
+        return request, messages, options, fmt
+    messages, served_tools = preprocess_request(messages, tools, serving)
+    return ({**request, "tools": served_tools} if served_tools is not None else request), messages, options, fmt
+
+
+def _declaring(fmt: Format, tool_declaration: str) -> Format:
+    """``fmt`` with the tool declaration ``tool_declaration`` (formats without one are returned as they are)."""
+    if not hasattr(fmt, "tools_ts"):
+        return fmt
+    from kimi_eagle.chat.tool_decl import tools_to_typescript
+
+    wanted = tools_to_typescript if tool_declaration == "ts" else None
+    return fmt if fmt.tools_ts is wanted else replace(fmt, tools_ts=wanted)
+
+
 def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: CompletionOptions = ReconstructOptions(),
                        encoder: PieceEncoder | None = None) -> ReconstructedRow:
     """Reconstruct one API record; raises RecordError with a clear message for bad input.
@@ -199,6 +297,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     ``encoder``: a :class:`PieceEncoder` of ``tok`` shared by the calls of a loop (its run cache makes
     a conversation's later prompts cheap); without one, a fresh encoder is built for this record.
     """
+    record = as_api_record(record)  # a logged completion in another accepted shape (reconstruct/log_shapes)
     rid = _checked_id(record)
     dataset, provider = record.get("dataset"), response_field(record.get("response"), "provider")
     for name, value in (("dataset", dataset), ("response.provider", provider)):
@@ -212,10 +311,12 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     if tools is not None and not isinstance(tools, list):
         raise RecordError("request.tools is not a list")
     turn = parse_turn(response)
+    request, messages, options, fmt = _served(request, messages, tools, options, fmt, (provider, dataset))
     enc = encoder if encoder is not None else PieceEncoder(tok)
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
-    flags: list[str] = []
+    flags: list[str] = reasoning_details_flags(response["choices"][0]["message"])  # kimi_eagle.reconstruct.reasoning
+    flags += answer_flags(response, turn)
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc)
     if prompt_marker:
         flags.append("prompt_literal_marker")
@@ -226,9 +327,14 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         billed = response.get("usage", {}).get("completion_tokens") if isinstance(response.get("usage"), dict) else None
         segments, seg_flags = resolve_truncation(segments, seg_flags, len(completion_ids), _opt_int(billed))
         completion_ids, spans, marker = enc.encode_segments_marked(segments, continuation=fmt.continuation)
+    if options.unterminated_call == "drop":  # the server dropped what it could not parse: keep what is known
+        segments, seg_flags, completion_ids, spans, marker = _known(segments, seg_flags, completion_ids, spans, marker,
+                                                                    (response, turn.finish_reason, enc, fmt))
     if marker:
         flags.append("literal_marker")
-    flags = seg_flags + flags
+    # exact IDs from the answer's logprobs when it has them (kimi_eagle.reconstruct.logprobs):
+    completion_ids, spans, ids_source, logprob_flags = prefer_logprob_ids(response, tok, completion_ids, spans)
+    flags = seg_flags + flags + logprob_flags
     if "args_not_json" not in flags and any(not strict_json(call.arguments) for call in turn.tool_calls):
         flags.append("args_not_json")  # NaN / Infinity, which Python's json accepts and JSON does not
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
@@ -239,8 +345,8 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         prompt_ids=prompt_ids, completion_ids=completion_ids,
         n_prompt_tokens=len(prompt_ids), n_completion_tokens=len(completion_ids),
         segments=[dict(zip(SPAN_FIELDS, s)) for s in spans], flags=flags, finish_reason=turn.finish_reason,
-        billed_completion_tokens=_opt_int(usage.get("completion_tokens")),
-        billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")),
+        billed_completion_tokens=_opt_int(usage.get("completion_tokens")), **usage_details(response),
+        billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")), ids_source=ids_source,
         provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
     )
 
@@ -302,7 +408,7 @@ def strict_json(arguments: Any) -> bool:
 
     try:
         if isinstance(arguments, str):
-            json.loads(arguments, parse_constant=refuse)
+            loads_exact(arguments, parse_constant=refuse)
         else:
             json.dumps(arguments, allow_nan=False)
     except (ValueError, TypeError, RecursionError):

@@ -16,13 +16,23 @@ nothing.
 
 Retries: 429, 408, 409, 425, 5xx, timeouts, transport errors, and 200s whose body is not a
 complete completion (truncated JSON, an ``error`` object, no choices) are retried with exponential
-backoff and jitter, never sooner than ``Retry-After`` (which also pauses every worker); after
-``max_attempts`` the record is stored as ``exhausted`` (retried on the next run). Other 4xx
-are permanent errors, stored and not retried; 401/402 stop the run (nothing more would succeed).
+backoff and jitter, never sooner than ``Retry-After`` (capped at ``max_retry_after``, default
+``backoff_max``; it also pauses every worker); after ``max_attempts`` the record is stored as
+``exhausted`` (retried on the next run). Other 4xx are permanent errors, stored and not retried;
+401/402 stop the run (nothing more would succeed).
+
+Streams: a request with ``stream: true`` is read as SSE and its chunks assembled
+(:mod:`kimi_eagle.reconstruct.stream`) into the response a non-streaming request gives; a stream that
+breaks keeps what arrived and is retried, stored as ``stream_incomplete`` when every attempt broke.
+Bounds: ``timeout`` is the silence allowed, ``response_timeout`` the whole attempt,
+``max_body_bytes`` the reply's size. What cannot be stored as it came is an error record with the
+reason (``bad_prompt``, ``lone_surrogate``), never the end of the run; SIGINT/SIGTERM write the
+requests in flight as ``interrupted``.
 
 The API key comes from ``OPENROUTER_API_KEY`` only, goes only into the ``Authorization`` header,
-and is redacted from anything written. Each request carries its record id in ``X-Record-Id``
-(``kimi-eagle serve`` logs it as the engine record's id).
+and is redacted in every form (:mod:`kimi_eagle.apps.api.redact`) from anything written or printed.
+Each request carries its record id in ``X-Record-Id`` (percent-encoded UTF-8 when not printable
+ASCII; ``kimi-eagle serve`` logs it as the engine record's id).
 """
 from __future__ import annotations
 
@@ -33,14 +43,21 @@ import json
 import math
 import os
 import random
+import re
+import signal
 import sys
 import threading
 import time
+import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kimi_eagle.apps.api.redact import REDACTED as REDACTED  # re-exported: callers match it in messages
+from kimi_eagle.apps.api.redact import Redactor
 from kimi_eagle.io import JsonlAppender, read_jsonl, write_lines, write_text
+from kimi_eagle.reconstruct.stream import DONE, SSEDecoder, StreamAssembler, StreamError
 
 API_KEY_ENV = "OPENROUTER_API_KEY"
 RECORD_ID_HEADER = "X-Record-Id"
@@ -48,7 +65,10 @@ RETRY_STATUS = {408, 409, 425, 429}
 FATAL_STATUS = {401, 402}
 PROVIDER_FIELDS = ("order", "only", "ignore", "quantizations", "allow_fallbacks", "require_parameters",
                    "data_collection", "sort", "max_price", "zdr")
-REDACTED = "[REDACTED]"
+SNIPPET_CHARS = 300  # of an upstream body kept in an error message (redacted before the cut)
+RETRYABLE_KINDS = ("exhausted", "stream_incomplete", "interrupted")  # redone by the next run
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
 
 @dataclass
@@ -57,14 +77,16 @@ class CollectConfig:
     model: str
     concurrency: int = 4
     max_attempts: int = 8
-    timeout: float = 120.0  # seconds per attempt
+    timeout: float = 120.0  # seconds of silence allowed while connecting or reading (per attempt)
     backoff_base: float = 0.5
     backoff_max: float = 30.0
-    max_retry_after: float = 300.0
+    max_retry_after: float | None = None  # cap on a server's Retry-After; None: backoff_max
     defaults: dict[str, Any] = field(default_factory=dict)  # request fields for every prompt
     retry_errors: bool = False  # also redo stored permanent errors
     limit: int | None = None  # only the first N prompts
     progress: bool = True
+    response_timeout: float = 900.0  # seconds for a whole attempt, first byte to last (streams included)
+    max_body_bytes: int = 64 << 20  # bytes of one reply (decoded), SSE framing included
 
     def __post_init__(self) -> None:
         """Refuse settings that would hang (no workers), never send (no attempts) or wait forever, before any work."""
@@ -79,12 +101,15 @@ class CollectConfig:
 
         whole("concurrency", self.concurrency, 1)
         whole("max_attempts", self.max_attempts, 1)
+        whole("max_body_bytes", self.max_body_bytes, 1)
         if self.limit is not None:
             whole("limit", self.limit, 1)
         number("timeout", self.timeout, True)
+        number("response_timeout", self.response_timeout, True)
         number("backoff_base", self.backoff_base, False)
         number("backoff_max", self.backoff_max, False)
-        number("max_retry_after", self.max_retry_after, False)
+        if self.max_retry_after is not None:
+            number("max_retry_after", self.max_retry_after, False)
         if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
         if not isinstance(self.defaults, dict):
@@ -98,11 +123,36 @@ class Prompt:
     key: str
     dataset: str | None = None
     error: str | None = None  # a prompt line that cannot become a request
+    body: dict[str, Any] | None = None  # the request it would have been (kept in its error record)
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # lone surrogates (which JSON can hold) hash too
 
 
 def request_key(record_id: str, body: Any) -> str:
     canonical = json.dumps({"id": record_id, "request": body}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(_utf8(canonical)).hexdigest()
+
+
+def surrogate_paths(value: Any, path: str = "", limit: int = 5) -> list[str]:
+    """Where ``value`` (JSON-like) holds lone surrogates (``$.a[0].b``), at most ``limit`` places."""
+    found: list[str] = []
+    stack = [(path or "$", value)]
+    while stack and len(found) < limit:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            m = LONE_SURROGATE.search(v)
+            if m:
+                found.append(f"{where} (U+{ord(m.group()):04X} at character {m.start()})")
+        elif isinstance(v, dict):
+            for k, item in reversed(list(v.items())):
+                if isinstance(k, str) and LONE_SURROGATE.search(k):
+                    found.append(f"{where} (a key)")
+                stack.append((f"{where}.{k}", item))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(v))))
+    return found
 
 
 def build_request(line: dict[str, Any], model: str, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +174,18 @@ def build_request(line: dict[str, Any], model: str, defaults: dict[str, Any]) ->
     return body
 
 
+def _record_id(obj: Any, lineno: int) -> tuple[str, str | None]:
+    """The record id of a prompt line (as given: a string, or an integer written in decimal) and a problem."""
+    raw = obj.get("id") if isinstance(obj, dict) else None
+    if raw is None:
+        return f"line-{lineno}", None
+    if isinstance(raw, str):
+        return raw, ("`id` is empty" if not raw else None)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw), None
+    return f"line-{lineno}", f"`id` must be a string or an integer, got {type(raw).__name__} {json.dumps(raw)[:60]}"
+
+
 def load_prompts(path: str | Path, model: str, defaults: dict[str, Any] | None = None,
                  limit: int | None = None) -> list[Prompt]:
     """Every prompt line, in order; a bad line becomes a Prompt with ``error`` (never dropped)."""
@@ -133,22 +195,29 @@ def load_prompts(path: str | Path, model: str, defaults: dict[str, Any] | None =
         if limit is not None and len(prompts) >= limit:
             break
         obj = line.obj
-        rid = str(obj["id"]) if isinstance(obj, dict) and obj.get("id") is not None else f"line-{line.lineno}"
+        rid, problem = _record_id(obj, line.lineno)
         dataset = obj.get("dataset") if isinstance(obj, dict) else None
+        body = None
         try:
             if line.error:
                 raise ValueError(line.error)
             if not isinstance(obj, dict):
                 raise ValueError("prompt line is not a JSON object")
+            if problem:
+                raise ValueError(problem)
             if rid in seen:
                 raise ValueError(f"duplicate id {rid!r}")
             body = build_request(obj, model, defaults or {})
+            bad = surrogate_paths({"id": rid, "request": body})
+            if bad:
+                raise ValueError(f"holds a lone surrogate at {', '.join(bad)}: not valid Unicode, so not sent "
+                                 "(kept in this record as a \\u escape)")
             prompts.append(Prompt(rid, body, request_key(rid, body), dataset))
         except ValueError as e:
             if rid in seen:
                 rid = f"{rid}@line-{line.lineno}"
             prompts.append(Prompt(rid, None, request_key(rid, {"line": line.lineno, "obj": obj}), dataset,
-                                  f"line {line.lineno}: {e}"))
+                                  f"line {line.lineno}: {e}", body))
         seen.add(rid)
     return prompts
 
@@ -162,6 +231,7 @@ class Outcome:
     message: str = ""
     response: Any = None
     retry_after: float | None = None
+    incomplete: bool = False  # a stream that broke: ``response`` is what arrived
 
 
 def parse_retry_after(headers: Any, now: float | None = None) -> float | None:
@@ -170,46 +240,66 @@ def parse_retry_after(headers: Any, now: float | None = None) -> float | None:
     value = headers.get("retry-after")
     if value:
         try:
-            return max(0.0, float(value))
+            seconds = float(value)
+            return max(0.0, seconds) if math.isfinite(seconds) else None
         except ValueError:
             try:
                 return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 pass
     reset = headers.get("x-ratelimit-reset")
     if reset:
         try:
-            return max(0.0, float(reset) / 1000 - now)
+            seconds = float(reset) / 1000 - now
+            return max(0.0, seconds) if math.isfinite(seconds) else None
         except ValueError:
             pass
     return None
 
 
-def classify_response(status: int, headers: Any, content: bytes) -> Outcome:
+def error_outcome(err: Any, what: str, response: Any, retry_after: float | None = None,
+                  redactor: Redactor | None = None) -> Outcome:
+    """An ``error`` object a 200 (or a stream) carried: retried when its code is transient or unknown."""
+    redactor = redactor or Redactor(None)
+    err = err if isinstance(err, dict) else {"message": str(err)}
+    code = err.get("code")
+    kind = "retry" if not isinstance(code, int) or isinstance(code, bool) or code in RETRY_STATUS or code >= 500 \
+        else "permanent"
+    message = redactor.cut(f"{what} error {code}: {err.get('message')}", SNIPPET_CHARS + 40)
+    return Outcome(kind, message, response, retry_after)
+
+
+def classify_response(status: int, headers: Any, content: bytes, redactor: Redactor | None = None) -> Outcome:
     """What to do with one HTTP reply: ``ok``, ``retry``, ``permanent`` error or ``fatal`` (stop the run)."""
+    redactor = redactor or Redactor(None)
     retry_after = parse_retry_after(headers)
     try:
         body = json.loads(content)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         body = None
-    snippet = content[:300].decode("utf-8", errors="replace")
     if status == 200:
         if body is None:
             return Outcome("retry", f"200 with a body that is not complete JSON ({len(content)} bytes)")
         if isinstance(body, dict) and body.get("error") and not body.get("choices"):
-            err = body["error"] if isinstance(body["error"], dict) else {"message": str(body["error"])}
-            code = err.get("code")
-            kind = "retry" if not isinstance(code, int) or code in RETRY_STATUS or code >= 500 else "permanent"
-            return Outcome(kind, f"200 carrying error {code}: {err.get('message')}", body, retry_after)
+            return error_outcome(body["error"], "200 carrying", body, retry_after, redactor)
         if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
             return Outcome("retry", "200 without choices", body)
         return Outcome("ok", "", body)
-    message = f"HTTP {status}: {snippet}"
+    message = f"HTTP {status}: {redactor.bytes_cut(content, SNIPPET_CHARS)}"
     if status in RETRY_STATUS or status >= 500:
         return Outcome("retry", message, body, retry_after)
     if status in FATAL_STATUS:
         return Outcome("fatal", message, body)
     return Outcome("permanent", message, body)
+
+
+def failure_reason(message: str) -> str:
+    """A short class of an attempt's error message, for the top-reasons tally (numbers and bodies dropped)."""
+    m = re.match(r"HTTP \d+", message)
+    if m:
+        return m.group()
+    head = message.split(":")[0] if not message.startswith("stream_incomplete") else message.split("(")[0]
+    return re.sub(r"\d+(?:\.\d+)?", "N", head).strip()[:80]
 
 
 # ---- the output file
@@ -219,7 +309,8 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
     """Keys already done in ``path`` and how many lines were dropped; rewrites the file (atomically) if any were.
 
     Kept: ``ok`` records and permanent errors (unless ``retry_errors``). Dropped: torn or invalid
-    lines (a run killed mid-write), ``exhausted`` records, and duplicate keys.
+    lines (a run killed mid-write), ``exhausted``/``stream_incomplete``/``interrupted`` records, and
+    duplicate keys.
     """
     if not path.exists():
         return {}, 0
@@ -233,10 +324,10 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
                 key, status = rec["key"], rec["status"]
                 is_error = status != "ok"
                 kind = (rec.get("error") or {}).get("kind") if is_error else None
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
                 dropped += bool(raw.strip())
                 continue
-            if key in done or (is_error and (kind == "exhausted" or retry_errors)) or not raw.endswith(b"\n"):
+            if key in done or (is_error and (kind in RETRYABLE_KINDS or retry_errors)) or not raw.endswith(b"\n"):
                 dropped += 1
                 continue
             done[key] = {"status": status, "kind": kind}
@@ -247,82 +338,207 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
 
 
 def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` (as is, and as JSON writes it) replaced by ``[REDACTED]``."""
-    if not secret:
-        return text
-    for form in {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}:
-        text = text.replace(form, REDACTED)
-    return text
+    """``text`` with ``secret`` in every form (raw, JSON-, ``\\u``- or percent-escaped) replaced by ``[REDACTED]``."""
+    return Redactor(secret)(text)
 
 
 def redact_value(value: Any, secret: str | None) -> Any:
     """``value`` (JSON-like: dicts, lists, strings, numbers) with ``secret`` redacted from every string and key."""
-    if not secret:
-        return value
-    if isinstance(value, str):
-        return redact(value, secret)
-    if isinstance(value, dict):
-        return {redact_value(k, secret): redact_value(v, secret) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_value(v, secret) for v in value]
-    return value
+    return Redactor(secret).value(value)
+
+
+def stored_line(redactor: Redactor, text: str) -> str:
+    """A serialised record as written: the key redacted, lone surrogates (which UTF-8 cannot hold) as ``\\u`` escapes."""
+    return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", redactor(text))
+
+
+def header_id(record_id: str) -> str:
+    """``record_id`` as an HTTP header value: as is when it is printable ASCII, else percent-encoded UTF-8."""
+    if record_id.isascii() and record_id.isprintable() and "%" not in record_id:
+        return record_id
+    return urllib.parse.quote(_utf8(record_id), safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%"))
+
+
+def key_notice(base_url: str, api_key: str | None) -> tuple[str, str] | None:
+    """``("error"|"warning", message)`` when the key is unset and the endpoint needs (or may need) one."""
+    if api_key:
+        return None
+    host = (urllib.parse.urlsplit(base_url).hostname or "").lower()
+    if host == "openrouter.ai" or host.endswith(".openrouter.ai"):
+        return "error", f"{API_KEY_ENV} is not set: {host} needs an API key (every request would get HTTP 401)"
+    if host in ("127.0.0.1", "localhost", "::1") or host.startswith("127."):
+        return None
+    return "warning", f"{API_KEY_ENV} is not set: requests to {host} go without an Authorization header"
 
 
 class CollectError(RuntimeError):
     """An unexpected failure inside the collector, its message redacted (the original had the key in it)."""
 
 
+class BodyTooLarge(Exception):
+    """A reply grew past ``max_body_bytes``."""
+
+
 # ---- the collector
+
+
+@dataclass
+class Attempts:
+    """What one prompt's attempts have gathered so far (kept when the run is interrupted mid-request)."""
+    started: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    log: list[dict[str, Any]] = field(default_factory=list)
+    status: int | None = None
+    assembler: StreamAssembler | None = None
+    stream: dict[str, Any] | None = None  # chunks, keep-alive comments, [DONE] seen
+
+    def timing(self) -> dict[str, Any]:
+        out = {"started_at": self.started, "seconds": round(time.perf_counter() - self.t0, 6),
+               "attempts": len(self.log), "latency_s": self.log[-1]["latency_s"] if self.log else None,
+               "attempt_log": self.log}
+        if self.stream is not None:
+            out["stream"] = self.stream
+        return out
+
+
+def base_record(prompt: Prompt) -> dict[str, Any]:
+    return {"id": prompt.id, **({"dataset": prompt.dataset} if prompt.dataset is not None else {}), "key": prompt.key}
 
 
 class Collector:
     def __init__(self, config: CollectConfig, api_key: str | None = None) -> None:
         self.config = config
         self.api_key = api_key
+        self.redactor = Redactor(api_key)
         self.url = config.base_url.rstrip("/") + "/chat/completions"
-        self.counts = {"ok": 0, "permanent": 0, "exhausted": 0, "bad_prompt": 0, "retries": 0}
+        self.counts = {"ok": 0, "permanent": 0, "exhausted": 0, "bad_prompt": 0, "retries": 0,
+                       "stream_incomplete": 0, "lone_surrogate": 0, "interrupted": 0}
+        self.reasons: Counter[str] = Counter()  # failed attempts by reason
         self.abort: str | None = None
+        self.signal: str | None = None
         self._pause_until = 0.0
         self._rng = random.Random()
+        self._tasks: list[asyncio.Task] = []
 
     def backoff(self, failures: int, retry_after: float | None) -> float:
-        """Exponential backoff with jitter; never sooner than ``retry_after`` (capped at max_retry_after)."""
+        """Exponential backoff with jitter; never sooner than ``retry_after``, which is capped at
+        ``max_retry_after`` (default: ``backoff_max``)."""
         c = self.config
         delay = min(c.backoff_max, c.backoff_base * 2 ** (failures - 1)) * self._rng.uniform(0.5, 1.0)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, c.max_retry_after))
+            cap = c.backoff_max if c.max_retry_after is None else c.max_retry_after
+            delay = max(delay, min(retry_after, cap))
         return delay
 
-    async def request_one(self, client: Any, prompt: Prompt) -> dict[str, Any]:
-        """Send one prompt until it succeeds, fails permanently or runs out of attempts; returns its record."""
+    async def read_body(self, r: Any) -> bytes:
+        parts, size = [], 0
+        async for data in r.aiter_bytes():
+            size += len(data)
+            if size > self.config.max_body_bytes:
+                raise BodyTooLarge(f"the reply passed --max-body-bytes {self.config.max_body_bytes}")
+            parts.append(data)
+        return b"".join(parts)
+
+    async def read_stream(self, r: Any, state: Attempts) -> Outcome:
+        """Assemble an SSE reply; a break raises (the caller keeps ``state.assembler``)."""
+        decoder, asm = SSEDecoder(), StreamAssembler()
+        state.assembler, state.stream = asm, {"chunks": 0, "keepalives": 0, "done": False}
+        size = 0
+        async for data in r.aiter_bytes():
+            size += len(data)
+            if size > self.config.max_body_bytes:
+                raise BodyTooLarge(f"the stream passed --max-body-bytes {self.config.max_body_bytes}")
+            for event in decoder.feed(data):
+                outcome = self.stream_event(event, asm, state)
+                if outcome is not None:
+                    return outcome
+        for event in decoder.close():
+            outcome = self.stream_event(event, asm, state)
+            if outcome is not None:
+                return outcome
+        return self.stream_end(asm, state)
+
+    def stream_event(self, event: Any, asm: StreamAssembler, state: Attempts) -> Outcome | None:
+        """Merge one event; an outcome when the stream is over ([DONE] or an error event)."""
+        if event.data is None:
+            state.stream["keepalives"] += 1
+            return None
+        if event.data.strip() == DONE:
+            state.stream["done"] = True
+            return self.stream_end(asm, state)
+        try:
+            asm.add(json.loads(event.data))
+        except (ValueError, RecursionError) as e:  # StreamError is a ValueError too
+            raise StreamError(f"chunk {asm.chunks}: {str(e)[:120]}") from None
+        state.stream["chunks"] = asm.chunks
+        if asm.error is not None:
+            outcome = error_outcome(asm.error, "stream carrying", {**asm.response(), "error": asm.error},
+                                    redactor=self.redactor)
+            outcome.incomplete = outcome.kind == "retry"
+            return outcome
+        return None
+
+    def stream_end(self, asm: StreamAssembler, state: Attempts) -> Outcome:
+        response = asm.response()
+        if not (state.stream["done"] or asm.finished):
+            return Outcome("retry", f"stream_incomplete (ended after {asm.chunks} chunks without finish_reason "
+                           "or [DONE])", response, incomplete=True)
+        if not response.get("choices"):
+            return Outcome("retry", "stream without choices", response, incomplete=True)
+        errored = [c.get("index") for c in response["choices"] if c.get("finish_reason") == "error"]
+        if errored:
+            return Outcome("retry", f"stream_incomplete (finish_reason error in choice {errored[0]})", response,
+                           incomplete=True)
+        return Outcome("ok", "", response)
+
+    async def attempt(self, client: Any, prompt: Prompt, headers: dict[str, str], state: Attempts) -> Outcome:
+        """One request, read whole (or as a stream) within ``response_timeout`` and ``max_body_bytes``."""
+        async with client.stream("POST", self.url, json=prompt.request, headers=headers) as r:
+            state.status = r.status_code
+            streamed = "text/event-stream" in r.headers.get("content-type", "")
+            if r.status_code == 200 and streamed:
+                return await self.read_stream(r, state)
+            state.assembler = None
+            return classify_response(r.status_code, r.headers, await self.read_body(r), self.redactor)
+
+    async def attempt_outcome(self, client: Any, prompt: Prompt, headers: dict[str, str], state: Attempts) -> Outcome:
         import httpx
 
         c = self.config
-        headers = {RECORD_ID_HEADER: prompt.id}
+        state.assembler, state.status = None, None
+        try:
+            return await asyncio.wait_for(self.attempt(client, prompt, headers, state), c.response_timeout)
+        except asyncio.TimeoutError:
+            message = f"response deadline ({c.response_timeout:g} s, --response-timeout) passed"
+        except httpx.TimeoutException as e:
+            message = f"timeout ({type(e).__name__})"
+        except httpx.TransportError as e:
+            message = f"{type(e).__name__}: {self.redactor.cut(str(e), SNIPPET_CHARS)}"
+        except (BodyTooLarge, StreamError) as e:
+            message = str(e)
+        if state.assembler is not None:  # a stream broke: keep what arrived
+            return Outcome("retry", f"stream_incomplete ({message})", state.assembler.response(), incomplete=True)
+        return Outcome("retry", message)
+
+    async def request_one(self, client: Any, prompt: Prompt, state: Attempts | None = None) -> dict[str, Any]:
+        """Send one prompt until it succeeds, fails permanently or runs out of attempts; returns its record."""
+        c = self.config
+        state = state if state is not None else Attempts()
+        headers = {RECORD_ID_HEADER: header_id(prompt.id)}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        log: list[dict[str, Any]] = []
-        started = time.time()
-        t0 = time.perf_counter()
         outcome = Outcome("retry", "not sent")
-        status: int | None = None
         for attempt in range(1, c.max_attempts + 1):
             pause = self._pause_until - time.monotonic()
             if pause > 0:
                 await asyncio.sleep(pause)
             a0 = time.perf_counter()
-            try:
-                r = await client.post(self.url, json=prompt.request, headers=headers)
-                status = r.status_code
-                outcome = classify_response(r.status_code, r.headers, r.content)
-            except httpx.TimeoutException as e:
-                status, outcome = None, Outcome("retry", f"timeout ({type(e).__name__})")
-            except httpx.TransportError as e:
-                status, outcome = None, Outcome("retry", f"{type(e).__name__}: {e}")
-            entry = {"attempt": attempt, "status": status, "latency_s": round(time.perf_counter() - a0, 6)}
+            outcome = await self.attempt_outcome(client, prompt, headers, state)
+            entry = {"attempt": attempt, "status": state.status, "latency_s": round(time.perf_counter() - a0, 6)}
             if outcome.kind != "ok":
-                entry["error"] = outcome.message[:300]
-            log.append(entry)
+                entry["error"] = self.redactor.cut(outcome.message, SNIPPET_CHARS)
+                self.reasons[failure_reason(entry["error"])] += 1
+            state.log.append(entry)
             if outcome.kind != "retry" or attempt == c.max_attempts:
                 break
             wait = self.backoff(attempt, outcome.retry_after)
@@ -331,18 +547,76 @@ class Collector:
             entry["wait_s"] = round(wait, 4)
             self.counts["retries"] += 1
             await asyncio.sleep(wait)
-        timing = {"started_at": started, "seconds": round(time.perf_counter() - t0, 6), "attempts": len(log),
-                  "latency_s": log[-1]["latency_s"], "attempt_log": log}
+        return self.outcome_record(prompt, outcome, state)
+
+    def outcome_record(self, prompt: Prompt, outcome: Outcome, state: Attempts) -> dict[str, Any]:
         if outcome.kind == "ok":
-            state, error = "ok", None
+            state_name, error = "ok", None
         else:
             if outcome.kind == "fatal":
                 self.abort = outcome.message
-            kind = {"retry": "exhausted", "permanent": "permanent", "fatal": "fatal"}[outcome.kind]
-            state, error = "error", {"kind": kind, "http_status": status, "message": outcome.message}
-        return {"id": prompt.id, **({"dataset": prompt.dataset} if prompt.dataset is not None else {}),
-                "key": prompt.key, "status": state, "error": error, "request": prompt.request,
-                "response": outcome.response, "http_status": status, "timing": timing}
+            kind = {"retry": "stream_incomplete" if outcome.incomplete else "exhausted", "permanent": "permanent",
+                    "fatal": "fatal"}[outcome.kind]
+            state_name, error = "error", {"kind": kind, "http_status": state.status,
+                                          "message": self.redactor.cut(outcome.message, SNIPPET_CHARS + 100)}
+        return {**base_record(prompt), "status": state_name, "error": error, "request": prompt.request,
+                "response": outcome.response, "http_status": state.status, "timing": state.timing()}
+
+    def interrupted_record(self, prompt: Prompt, state: Attempts) -> dict[str, Any]:
+        partial = state.assembler.response() if state.assembler is not None else None
+        message = f"interrupted by {self.signal or 'a stop'} during attempt {len(state.log) + 1}"
+        return {**base_record(prompt), "status": "error",
+                "error": {"kind": "interrupted", "http_status": state.status, "message": message},
+                "request": prompt.request, "response": partial, "http_status": state.status,
+                "timing": state.timing()}
+
+    def bad_prompt_record(self, prompt: Prompt) -> dict[str, Any]:
+        return {**base_record(prompt), "status": "error",
+                "error": {"kind": "bad_prompt", "http_status": None, "message": prompt.error},
+                "request": prompt.body, "response": None, "http_status": None, "timing": None}
+
+    def store(self, writer: JsonlAppender, record: dict[str, Any]) -> str:
+        """Write ``record`` (an answer with lone surrogates becomes a ``lone_surrogate`` error, kept as escapes);
+        returns its kind."""
+        if record["status"] == "ok":
+            bad = surrogate_paths(record.get("response"), "response")
+            if bad:
+                record["status"] = "error"
+                record["error"] = {"kind": "lone_surrogate", "http_status": record.get("http_status"),
+                                   "message": f"the answer holds lone surrogates (not valid Unicode) at "
+                                              f"{', '.join(bad)}; stored as \\u escapes"}
+        kind = "ok" if record["status"] == "ok" else record["error"]["kind"]
+        writer.append(record)
+        self.counts[kind] += 1
+        return kind
+
+    def stop(self, name: str) -> None:
+        """Stop the run (a signal): in-flight requests are written as ``interrupted`` records."""
+        if self.signal is None:
+            self.signal, self.abort = name, f"interrupted by {name}"
+            for task in self._tasks:
+                task.cancel()
+
+    async def worker(self, client: Any, queue: asyncio.Queue, writer: JsonlAppender, on_done: Any) -> None:
+        while not self.abort:
+            try:
+                prompt = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            state = Attempts()
+            if prompt.error is not None:
+                record = self.bad_prompt_record(prompt)
+            else:
+                try:
+                    record = await self.request_one(client, prompt, state)
+                except asyncio.CancelledError:
+                    self.store(writer, self.interrupted_record(prompt, state))
+                    raise
+            if record["status"] != "ok" and record["error"]["kind"] == "fatal":  # not stored: the next run retries it
+                return
+            self.store(writer, record)
+            if on_done:
+                on_done(record)
 
     async def run(self, prompts: list[Prompt], writer: JsonlAppender, on_done: Any = None) -> None:
         import httpx
@@ -353,36 +627,21 @@ class Collector:
             queue.put_nowait(p)
         limits = httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency)
         timeout = httpx.Timeout(c.timeout, connect=min(c.timeout, 10.0))
-
-        async def worker(client: httpx.AsyncClient) -> None:
-            while not self.abort:
-                try:
-                    prompt = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                if prompt.error is not None:
-                    record = {"id": prompt.id, **({"dataset": prompt.dataset} if prompt.dataset is not None else {}),
-                              "key": prompt.key, "status": "error",
-                              "error": {"kind": "bad_prompt", "http_status": None, "message": prompt.error},
-                              "request": None, "response": None, "http_status": None, "timing": None}
-                else:
-                    record = await self.request_one(client, prompt)
-                kind = "ok" if record["status"] == "ok" else record["error"]["kind"]
-                if kind == "fatal":  # not stored: the next run retries it
-                    return
-                writer.append(record)
-                self.counts[kind] += 1
-                if on_done:
-                    on_done(record)
-
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            await asyncio.gather(*(worker(client) for _ in range(max(1, c.concurrency))))
+            self._tasks = [asyncio.create_task(self.worker(client, queue, writer, on_done))
+                           for _ in range(max(1, c.concurrency))]
+            if self.signal:
+                self.stop(self.signal)
+            results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                raise result
 
 
 def summarize_output(path: str | Path) -> dict[str, Any]:
     """Totals over an output file: records by status, usage tokens and cost."""
     totals: dict[str, Any] = {"records": 0, "ok": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                              "reasoning_tokens": 0, "cost": 0.0}
+                              "reasoning_tokens": 0, "cached_tokens": 0, "cost": 0.0}
     for line in read_jsonl(path):
         rec = line.obj
         if not isinstance(rec, dict):
@@ -393,11 +652,29 @@ def summarize_output(path: str | Path) -> dict[str, Any]:
             continue
         totals["ok"] += 1
         usage = (rec.get("response") or {}).get("usage") or {}
-        totals["prompt_tokens"] += usage.get("prompt_tokens") or 0
-        totals["completion_tokens"] += usage.get("completion_tokens") or 0
-        totals["reasoning_tokens"] += (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-        totals["cost"] += float(usage.get("cost") or 0)
+        if not isinstance(usage, dict):
+            continue
+        for name, value in (("prompt_tokens", usage.get("prompt_tokens")),
+                            ("completion_tokens", usage.get("completion_tokens")),
+                            ("reasoning_tokens", (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")),
+                            ("cached_tokens", (usage.get("prompt_tokens_details") or {}).get("cached_tokens")),
+                            ("cost", usage.get("cost"))):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                totals[name] += value
     return totals
+
+
+def _signal_handlers(collector: Collector) -> list[int]:
+    """Route SIGINT/SIGTERM to ``collector.stop`` (main thread only); returns the signals to restore."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, collector.stop, sig.name)
+            installed.append(sig)
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (a notebook) or no support
+            pass
+    return installed
 
 
 async def collect_async(prompts_path: str | Path, output_path: str | Path, config: CollectConfig,
@@ -415,7 +692,7 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
     stale = len(set(done) - {p.key for p in prompts})
     collector = Collector(config, api_key)
     # one complete, flushed line per record, the API key redacted, synced to disk every second
-    writer = JsonlAppender(output, transform=(lambda text: redact(text, api_key)) if api_key else None, fsync_every=1.0)
+    writer = JsonlAppender(output, transform=lambda text: stored_line(collector.redactor, text), fsync_every=1.0)
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), disable=not config.progress, unit="req",
                desc="collect", file=sys.stderr, dynamic_ncols=True)
 
@@ -423,16 +700,19 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
         bar.update(1)
         bar.set_postfix({k: v for k, v in collector.counts.items() if v}, refresh=False)
 
+    installed = _signal_handlers(collector)
     try:
         await collector.run(todo, writer, on_done)
     finally:
+        for sig in installed:
+            asyncio.get_running_loop().remove_signal_handler(sig)
         writer.close()
         bar.close()
-    seconds = time.perf_counter() - t0
     summary = {"prompts": len(prompts), "already_done": len(prompts) - len(todo), "requested": len(todo),
                "dropped_on_resume": dropped, "stale_records": stale, **collector.counts, "aborted": collector.abort,
-               "seconds": round(seconds, 3), "totals": summarize_output(output)}
-    summary = redact_value(summary, api_key)  # an upstream's error body may echo the Authorization header
+               "signal": collector.signal, "failure_reasons": dict(collector.reasons.most_common(10)),
+               "seconds": round(time.perf_counter() - t0, 3), "totals": summarize_output(output)}
+    summary = collector.redactor.value(summary)  # an upstream's error body may echo the Authorization header
     write_text(output.with_name(output.name + ".summary.json"), json.dumps(summary, indent=2))
     return summary
 
@@ -445,9 +725,21 @@ def collect(prompts_path: str | Path, output_path: str | Path, config: CollectCo
     try:
         return _collect_blocking(collect_async(prompts_path, output_path, config, api_key))
     except Exception as e:
-        if api_key and (api_key in str(e) or api_key in repr(e.args)):
-            raise CollectError(f"{type(e).__name__}: {redact(str(e), api_key)}") from None
+        redactor = Redactor(api_key)
+        text = str(e)
+        if api_key and (redactor(text) != text or redactor(repr(e.args)) != repr(e.args)):
+            raise CollectError(f"{type(e).__name__}: {redactor(text)}") from None
         raise
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """0: every prompt stored ok; 1: some stored as errors; 3: stopped by 401/402; 130/143: stopped by a signal."""
+    if summary.get("signal"):
+        return SIGNAL_EXIT.get(summary["signal"], 130)
+    if summary.get("aborted"):
+        return 3
+    totals = summary.get("totals") or {}
+    return 1 if totals.get("errors") or totals.get("ok", 0) < summary.get("prompts", 0) else 0
 
 
 def _collect_blocking(coro: Any) -> dict[str, Any]:

@@ -5,10 +5,13 @@ All off by default. Each request draws at most one fault (seeded ``random.Random
 - ``429``: a burst of ``burst_429`` consecutive 429 replies, each with ``Retry-After: retry_after``;
 - ``500`` / ``503``: one server error;
 - ``truncate``: a 200 whose JSON body is cut in half (the HTTP message itself is complete);
-- ``drop``: the connection closes mid-body (headers promise more bytes than are sent).
+- ``drop``: the connection closes mid-body (headers promise more bytes than are sent);
+- ``stream_cut``: a streamed answer (``stream: true``) stops halfway through its chunks and the connection
+  drops, without ``finish_reason`` or ``data: [DONE]`` (a non-streaming request gets a ``drop``). ``truncate`` and
+  ``drop`` cut a stream the same way, since a stream has no single JSON body to cut.
 
 Independently, ``rate_slow`` delays a reply by ``slow_seconds`` before anything is sent.
-Truncated and dropped replies are generated but never delivered, so the server logs no engine
+Truncated, dropped and cut replies are generated but never delivered, so the server logs no engine
 record for them.
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-KINDS = ("429", "500", "503", "truncate", "drop")
+KINDS = ("429", "500", "503", "truncate", "drop", "stream_cut")
 
 
 @dataclass
@@ -30,16 +33,17 @@ class FaultConfig:
     rate_503: float = 0.0
     rate_truncate: float = 0.0
     rate_drop: float = 0.0
+    rate_stream_cut: float = 0.0
     rate_slow: float = 0.0
     slow_seconds: float = 5.0
     seed: int | None = None
 
     def validate(self) -> None:
-        for name in ("rate_429", "rate_500", "rate_503", "rate_truncate", "rate_drop", "rate_slow"):
+        for name in (*(f"rate_{k}" for k in KINDS), "rate_slow"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1]")
         if sum(getattr(self, f"rate_{k}") for k in KINDS) > 1:
-            raise ValueError("the fault rates (429, 500, 503, truncate, drop) must sum to at most 1")
+            raise ValueError(f"the fault rates ({', '.join(KINDS)}) must sum to at most 1")
         if self.burst_429 < 1 or self.retry_after < 0 or self.slow_seconds < 0:
             raise ValueError("burst_429 must be >= 1; retry_after and slow_seconds >= 0")
 

@@ -1,7 +1,9 @@
 """``kimi-eagle serve``: an OpenRouter-compatible HTTP server over a local HF causal LM.
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` return the OpenRouter response shape
-(text only: ``provider``, ``choices[0].finish_reason``, ``native_finish_reason``, ``usage``) and
+(``provider``, ``choices[0].finish_reason``, ``native_finish_reason``, ``usage``; on chat, ``stream: true``
+answers in chunks (kimi_eagle.apps.api.sse) and, with ``--logprobs``, ``logprobs: true`` adds
+``choices[0].logprobs.content`` with each token's ``token``, ``logprob``, ``bytes`` and ``top_logprobs``) and
 append the token IDs actually sampled to an engine-record file (docs/CONTRACTS.md), one line per
 delivered response. The record's ``id`` is the request's ``X-Record-Id`` header (``kimi-eagle
 collect`` sends its record id there) or else the response id; ``response_id`` is always the
@@ -31,10 +33,22 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kimi_eagle.apps.api.faults import Fault, FaultConfig, FaultInjector
+from kimi_eagle.apps.api.sse import (
+    CUT,
+    DONE,
+    KEEPALIVE,
+    SSEResponse,
+    answer_chunks,
+    error_chunk,
+    event,
+    stream_bytes,
+    token_text_pieces,
+)
 from kimi_eagle.engine.local import (
     Engine,
     EngineError,
@@ -58,9 +72,78 @@ def _error_body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"code": status, "message": message}}
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A checked generation request."""
+
+    provider: str
+    engine: Engine
+    sampling: SamplingParams
+    prompt_ids: list[int]
+    logprobs: int | None  # None: no logprobs; k: logprobs with the top k alternatives
+    stream: bool
+    include_usage: bool
+
+
+def _stream_request(body: dict[str, Any], chat: bool) -> tuple[bool, bool]:
+    """``(stream, include_usage)`` of a request; streaming is offered on ``/v1/chat/completions``."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise RequestError(400, "stream must be a boolean")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError(400, "stream_options must be an object")
+    usage = (options or {}).get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise RequestError(400, "stream_options.include_usage must be a boolean")
+    if stream and not chat:
+        raise RequestError(400, "streaming is offered on /v1/chat/completions only")
+    return stream, stream and usage
+
+
+def _logprobs_request(body: dict[str, Any]) -> int | None:
+    """None when the request does not ask for logprobs, else how many alternatives (``top_logprobs``) per token."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise RequestError(400, "logprobs must be a boolean")
+    if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= MAX_TOP_LOGPROBS):
+        raise RequestError(400, f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if top is not None and not asked:
+        raise RequestError(400, "top_logprobs needs logprobs: true")
+    return (top or 0) if asked else None
+
+
+def logprobs_content(gen: Generation, engine: Engine) -> list[dict[str, Any]]:
+    """``choices[0].logprobs.content``: one entry per sampled token (a final stop token excluded, as its text is
+    not in the answer) with ``token`` (its text; a special token's spelling), ``logprob``, ``bytes`` (the token's
+    raw bytes as integers: partial UTF-8 stays exact) and ``top_logprobs``."""
+    tok = engine.tok
+    special = tok.special_text_by_id
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = special[token_id].encode("utf-8") if token_id in special else tok.token_bytes(token_id)
+        text = special.get(token_id) or raw.decode("utf-8", errors="replace")
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    ids = list(gen.output_ids)
+    scores = list(gen.logprobs or [])
+    if gen.finish_reason == "stop" and ids and ids[-1] in set(engine.eos_ids):
+        ids, scores = ids[:-1], scores[:-1]
+    return [{**entry(i, lp), "top_logprobs": [entry(t, tlp) for t, tlp in top]} for i, (lp, top) in zip(ids, scores)]
+
+
+def completion_token_bytes(tok: Any, output_ids: list[int], eos_ids: list[int]) -> list[bytes]:
+    """Each output token's bytes, a final stop token excluded (they join to the answer's text bytes)."""
+    ids = output_ids[:-1] if output_ids and output_ids[-1] in set(eos_ids) else output_ids
+    return [tok.token_bytes(i) for i in ids]
+
+
 def _sampling(body: dict[str, Any]) -> SamplingParams:
-    if body.get("stream"):
-        raise RequestError(400, "streaming is not supported by this server")
     if body.get("n", 1) != 1:
         raise RequestError(400, "n must be 1")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -113,9 +196,12 @@ class App:
 
     def __init__(self, engine: Engine, records: str | Path, faults: FaultConfig | None = None,
                  provider: str = DEFAULT_PROVIDER, admin: bool = False, api_key: str | None = None,
-                 more_providers: dict[str, Engine] | None = None) -> None:
+                 more_providers: dict[str, Engine] | None = None, logprobs: bool = False,
+                 keepalive_seconds: float = 2.0) -> None:
         """``engine`` is served as ``provider``; ``more_providers`` (name -> engine of the same model, e.g. at another
-        precision) makes a provider table that requests choose from with OpenRouter's ``provider`` routing."""
+        precision) makes a provider table that requests choose from with OpenRouter's ``provider`` routing.
+        ``logprobs``: honour ``logprobs: true`` on chat requests (else it is ignored and ``"logprobs": null``, as
+        from a provider without logprobs); ``keepalive_seconds``: a stream's keep-alive comment interval."""
         from starlette.applications import Starlette
         from starlette.routing import Route
 
@@ -126,6 +212,8 @@ class App:
         self.log = JsonlAppender(records)  # engine records, one complete flushed line each
         self.faults = FaultInjector(faults)
         self.provider = provider
+        self.logprobs = logprobs
+        self.keepalive_seconds = keepalive_seconds
         self._api_key = api_key
         self.stats = {"requests": 0, "delivered": 0, "errors": 0}
         routes = [
@@ -161,6 +249,8 @@ class App:
         e = self.engine
         return {"id": e.name, "object": "model", "owned_by": self.provider, "chat_format": e.chat_format,
                 "providers": {name: eng.precision for name, eng in self.providers.items()},
+                "supported_parameters": ["max_tokens", "seed", "stream", "temperature", "top_p"]
+                + (["logprobs", "top_logprobs"] if self.logprobs else []) + (["tools"] if e.chat_format != "plain" else []),
                 "context_length": e.context_length, "bos_token_id": e.bos_id, "eos_token_ids": e.eos_ids,
                 "chat_format_description": ("BOS + the concatenated message contents, no template"
                                             if e.chat_format == "plain" else "the tokenizer's chat template")}
@@ -229,55 +319,108 @@ class App:
                 headers["Retry-After"] = _seconds(self.faults.config.retry_after)
             return JSONResponse(_error_body(status, message), status_code=status, headers=headers)
         try:
-            body = await _json_body(request)
-            if not isinstance(body, dict):
-                raise RequestError(400, "request body must be a JSON object")
-            if body.get("model") != self.engine.name:
-                model = body.get("model")
-                shown = repr(model)[:100] if isinstance(model, str) else f"a {type(model).__name__}"
-                raise RequestError(400, f"{shown} is not a valid model ID (this server has {self.engine.name!r})")
-            provider = route_provider(body, list(self.providers))
-            engine = self.providers[provider]
-            sampling = _sampling(body)
-            if chat:
-                _check_text(body.get("messages"), "messages")
-                prompt_ids = engine.prompt_ids(body.get("messages"), body.get("tools"))
-            else:
-                _check_text(body.get("prompt"), "prompt")
-                prompt_ids = engine.text_prompt_ids(body.get("prompt"))
-            gen = await run_in_threadpool(engine.generate, prompt_ids, sampling)
-        except RequestError as e:
-            self.stats["errors"] += 1
-            return JSONResponse(_error_body(e.status, str(e)), status_code=e.status, headers=headers)
-        except TemplateRefused as e:  # the model folder's template, not the request, is at fault
-            self.stats["errors"] += 1
-            return JSONResponse(_error_body(500, str(e)), status_code=500, headers=headers)
-        except (EngineError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
-            # anything else a request's content can provoke is the request's fault: a JSON 400, never a traceback
-            self.stats["errors"] += 1
-            return JSONResponse(_error_body(400, f"invalid request: {type(e).__name__}: {e}"[:500]), status_code=400,
-                                headers=headers)
+            job = await self._job(request, chat)
+            if job.stream:
+                return SSEResponse(self._stream_events(job, request, fault), headers)
+            gen = await run_in_threadpool(job.engine.generate, job.prompt_ids, job.sampling, job.logprobs)
+        except Exception as e:
+            failure = self._failure(e)
+            return JSONResponse(_error_body(*failure), status_code=failure[0], headers=headers)
         parse_flags: list[str] = []
-        response = self._response(gen, chat, provider, engine, parse_flags)
-        if fault.kind in ("truncate", "drop"):
-            return _BrokenResponse(response, fault, headers)
-        extra = {"parse_flags": parse_flags} if chat and engine.chat_format == "kimi-k2.5" else {}
-        self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, engine.name,
-                                      engine.chat_format, response_id=response["id"], provider=provider,
-                                      precision=engine.precision, **extra))
-        self.stats["delivered"] += 1
+        response = self._response(gen, chat, job.provider, job.engine, parse_flags, job.logprobs)
+        if fault.kind in ("truncate", "drop", "stream_cut"):
+            return _BrokenResponse(response, Fault("drop" if fault.kind == "stream_cut" else fault.kind), headers)
+        self._log(request, gen, job, response, parse_flags)
         return JSONResponse(response, headers=headers)
 
+    def _failure(self, e: Exception) -> tuple[int, str]:
+        """``(status, message)`` of a request that failed; re-raises what no request can be blamed for."""
+        if not isinstance(e, (RequestError, EngineError, ValueError, TypeError, KeyError, AttributeError, RecursionError)):
+            raise e  # unforeseen: the JSON 500 of ``_internal_error``
+        self.stats["errors"] += 1
+        if isinstance(e, RequestError):
+            return e.status, str(e)
+        if isinstance(e, TemplateRefused):  # the model folder's template, not the request, is at fault
+            return 500, str(e)
+        # anything else a request's content can provoke is the request's fault: a JSON 400, never a traceback
+        return 400, f"invalid request: {type(e).__name__}: {e}"[:500]
+
+    async def _job(self, request: Any, chat: bool) -> "_Job":
+        """The request's body checked and its prompt rendered; a ``RequestError`` (or EngineError) says what is wrong."""
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        if body.get("model") != self.engine.name:
+            model = body.get("model")
+            shown = repr(model)[:100] if isinstance(model, str) else f"a {type(model).__name__}"
+            raise RequestError(400, f"{shown} is not a valid model ID (this server has {self.engine.name!r})")
+        provider = route_provider(body, list(self.providers))
+        engine = self.providers[provider]
+        sampling = _sampling(body)
+        stream, include_usage = _stream_request(body, chat)
+        if chat:
+            _check_text(body.get("messages"), "messages")
+            prompt_ids = engine.prompt_ids(body.get("messages"), body.get("tools"))
+        else:
+            _check_text(body.get("prompt"), "prompt")
+            prompt_ids = engine.text_prompt_ids(body.get("prompt"))
+        logprobs = _logprobs_request(body) if chat and self.logprobs else None
+        return _Job(provider, engine, sampling, prompt_ids, logprobs, stream, include_usage)
+
+    def _log(self, request: Any, gen: Generation, job: "_Job", response: dict[str, Any], parse_flags: list[str]) -> None:
+        """Append the engine record of a delivered answer."""
+        engine = job.engine
+        extra = {"parse_flags": parse_flags} if engine.chat_format == "kimi-k2.5" and "message" in response["choices"][0] else {}
+        self.log.append(engine_record(request.headers.get("x-record-id") or response["id"], gen, engine.name,
+                                      engine.chat_format, response_id=response["id"], provider=job.provider,
+                                      precision=engine.precision, **extra))
+        self.stats["delivered"] += 1
+
+    async def _stream_events(self, job: "_Job", request: Any, fault: Fault) -> Any:
+        """The events of a streamed answer: keep-alive comments while the engine samples, then the chunks; a
+        ``stream_cut`` (or ``truncate``/``drop``) fault drops the connection halfway through the chunks."""
+        from starlette.concurrency import run_in_threadpool
+
+        yield KEEPALIVE
+        task = asyncio.ensure_future(run_in_threadpool(job.engine.generate, job.prompt_ids, job.sampling, job.logprobs))
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=self.keepalive_seconds)
+            if not done:
+                yield KEEPALIVE
+        created = int(time.time())
+        try:
+            gen = task.result()
+        except Exception as e:
+            status, message = self._failure(e)
+            yield event(error_chunk(f"gen-{uuid.uuid4().hex}", job.engine.name, job.provider, created, status, message))
+            yield DONE
+            return
+        parse_flags: list[str] = []
+        response = self._response(gen, True, job.provider, job.engine, parse_flags, job.logprobs)
+        pieces = None
+        if job.engine.chat_format != "kimi-k2.5":
+            pieces = token_text_pieces(completion_token_bytes(job.engine.tok, gen.output_ids, job.engine.eos_ids))
+        events = stream_bytes(answer_chunks(response, pieces, job.include_usage))
+        cut = len(events) // 2 if fault.kind in ("truncate", "drop", "stream_cut") else None
+        for k, data in enumerate(events):
+            if k == cut:
+                yield CUT
+                return
+            yield data
+        self._log(request, gen, job, response, parse_flags)
+
     def _response(self, gen: Generation, chat: bool, provider: str, engine: Engine,
-                  parse_flags: list[str] | None = None) -> dict[str, Any]:
-        """The OpenRouter-shaped reply to ``gen``; in ``kimi-k2.5`` the parser's flags are appended to ``parse_flags``."""
+                  parse_flags: list[str] | None = None, logprobs: int | None = None) -> dict[str, Any]:
+        """The OpenRouter-shaped reply to ``gen``; in ``kimi-k2.5`` the parser's flags are appended to ``parse_flags``;
+        with ``logprobs`` (not None) the choice carries ``logprobs.content``."""
         text = engine.text(gen)
         n_prompt, n_out = len(gen.prompt_ids), len(gen.output_ids)
         reasoning_tokens = 0
         if chat and engine.chat_format == "kimi-k2.5":
             from kimi_eagle.engine.kimi_format import kimi_chat_answer
 
-            answer = kimi_chat_answer(gen.output_ids, engine.tok, gen.finish_reason)
+            answer = kimi_chat_answer(gen.output_ids, engine.tok, gen.finish_reason,
+                                      getattr(engine, "serving", "template"))  # serve --serving (chat/serving.py)
             reasoning_tokens = answer.reasoning_tokens
             if parse_flags is not None:
                 parse_flags.extend(answer.flags)
@@ -289,6 +432,8 @@ class App:
         else:
             choice = {"logprobs": None, "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
                       "index": 0, "text": text}
+        if logprobs is not None and chat:
+            choice["logprobs"] = {"content": logprobs_content(gen, engine), "refusal": None}
         return {
             "id": f"gen-{uuid.uuid4().hex}",
             "provider": provider,

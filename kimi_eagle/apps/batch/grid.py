@@ -21,13 +21,12 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 # name parts that mark a secret: api_key, hf_token, client_secret, password ... (but not tokenizer, max_tokens)
 SECRET_PARTS = {"key", "apikey", "token", "secret", "password", "passwd", "pwd", "credential", "credentials", "auth"}
@@ -35,6 +34,14 @@ SECRET_VALUE = re.compile(r"^(sk-[A-Za-z0-9_-]{16,}|Bearer\s+\S{16,}|hf_[A-Za-z0
 RESERVED = {"output_dir"}
 GRID_KEYS = {"notebook", "fixed", "sweep", "runs"}
 MAX_NAME = 80
+# the batch's own entries in RUN_DIR: a run directory of one of these names would overwrite or shadow them
+BATCH_FILES = {"batch.json", "batch.lock", "summary.parquet", "summary.html", "charts"}
+NAME_MAX = 255  # bytes in one path component (Linux, macOS, Windows)
+MAX_GRID_BYTES = 1 << 20  # a grid file is a page of parameters, not data
+MAX_NODES = 100_000  # values in the whole grid once every alias is expanded (billion laughs stops here)
+MAX_DEPTH = 32  # nesting of lists and mappings inside one value
+MAX_RUNS = 10_000  # runs a grid may expand into (a sweep's product is counted before it is built)
+JSON_SAFE = "str, int, float, bool, null, and lists and mappings of those"
 
 
 class GridError(ValueError):
@@ -57,13 +64,14 @@ class Grid:
 
 def load_grid(path: str | Path) -> Grid:
     """Read a grid file and expand it into named runs (no validation against a notebook yet)."""
+    from kimi_eagle.apps.batch.grid_yaml import load_yaml
+
     path = Path(path)
-    try:
-        spec = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise GridError(f"{path}: not valid YAML: {e}") from None
+    spec = load_yaml(path, max_bytes=MAX_GRID_BYTES, max_nodes=MAX_NODES, error=GridError) or {}
     grid = expand(spec, source=str(path))
     notebook = spec.get("notebook")
+    if notebook is not None and not isinstance(notebook, str):
+        raise GridError(f"{path}: notebook must be a path (a string), got {type(notebook).__name__}")
     return Grid(grid.runs, (path.parent / notebook).resolve() if notebook else None)
 
 
@@ -82,6 +90,11 @@ def expand(spec: dict[str, Any], source: str = "grid") -> Grid:
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise GridError(f"{source}: sweep.{key} must be a non-empty list of values")
+    _check_params(fixed, f"{source}: fixed")
+    _check_params(sweep, f"{source}: sweep")
+    planned = math.prod(len(v) for v in sweep.values()) if (sweep or not explicit) else 0
+    if planned + len(explicit) > MAX_RUNS:
+        raise GridError(f"{source}: the grid expands into {planned + len(explicit)} runs; at most {MAX_RUNS}")
 
     runs: list[Run] = []
     if sweep or not explicit:
@@ -91,18 +104,79 @@ def expand(spec: dict[str, Any], source: str = "grid") -> Grid:
             runs.append(Run(run_name(own), {**fixed, **own}))
     for i, entry in enumerate(explicit):
         entry = dict(_mapping(entry, f"{source}: runs[{i}]"))
+        _check_params(entry, f"{source}: runs[{i}]")
         name = entry.pop("_name", None)
-        runs.append(Run(_safe(str(name)) if name is not None else run_name(entry), {**fixed, **entry}))
+        runs.append(Run(_explicit_name(name, f"{source}: runs[{i}]") if name is not None else run_name(entry),
+                        {**fixed, **entry}))
 
     counts = Counter(r.name for r in runs)  # derived names that collide (paths with one basename) get a digest
     runs = [Run(f"{r.name}-{_digest(r.params)}", r.params) if counts[r.name] > 1 else r for r in runs]
     seen: dict[str, int] = {}
     for i, run in enumerate(runs):
-        if run.name in seen:
-            raise GridError(f"{source}: runs {seen[run.name]} and {i} are the same run {run.name!r}; "
+        folded = run.name.lower()  # `A` and `a` are one directory on case-insensitive filesystems
+        if folded in seen:
+            raise GridError(f"{source}: runs {seen[folded]} and {i} are the same run {run.name!r}; "
                             "give explicit runs distinct parameters or a `_name`")
-        seen[run.name] = i
+        seen[folded] = i
     return Grid(runs)
+
+
+def _explicit_name(name: Any, where: str) -> str:
+    """A run's own ``_name``: a string that makes a directory of its own in RUN_DIR, or a :class:`GridError`."""
+    if not isinstance(name, str):
+        raise GridError(f"{where}: _name must be a string, got {type(name).__name__}")
+    safe = _safe(name)
+    if len(safe) > MAX_NAME:
+        raise GridError(f"{where}: _name is {len(safe)} characters; at most {MAX_NAME} (a directory name)")
+    if safe.lower() in BATCH_FILES:
+        raise GridError(f"{where}: _name {name!r} is one of the batch's own files in RUN_DIR "
+                        f"({', '.join(sorted(BATCH_FILES))}); choose another name")
+    return safe
+
+
+def check_run_name(name: Any) -> None:
+    """A run's directory name: one path component of at most 255 bytes that is none of the batch's own files."""
+    if not isinstance(name, str) or _safe(name) != name:
+        raise GridError(f"run name {name!r} is not a plain directory name (letters, digits, ._,=+-)")
+    if len(name.encode()) > NAME_MAX:
+        raise GridError(f"run name {name[:40]!r}... is {len(name.encode())} bytes; a file name has at most {NAME_MAX}")
+    if name.lower() in BATCH_FILES:
+        raise GridError(f"run name {name!r} is one of the batch's own files in RUN_DIR; choose another name")
+
+
+def check_value(value: Any, where: str, depth: int = 0) -> None:
+    """A grid value must be plain data (``JSON_SAFE``): papermill writes it into the notebook as Python source,
+    so anything else (bytes, sets, dates, objects) could turn into code or change on the way."""
+    if depth > MAX_DEPTH:
+        raise GridError(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise GridError(f"{where} = {value!r} is not a finite number (grid values are JSON: {JSON_SAFE})")
+        return
+    if isinstance(value, str):
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+            raise GridError(f"{where} holds a lone surrogate (not valid Unicode text)")
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            check_value(item, f"{where}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise GridError(f"{where} has the key {key!r} ({type(key).__name__}); keys are strings")
+            check_value(key, f"{where} key {key[:40]!r}", depth + 1)
+            check_value(item, f"{where}.{key[:40]}", depth + 1)
+        return
+    raise GridError(f"{where} is {type(value).__name__}; grid values are plain data: {JSON_SAFE}")
+
+
+def _check_params(params: dict[str, Any], where: str) -> None:
+    for name, value in params.items():
+        check_value(name, f"{where}: parameter name")
+        check_value(value, f"{where}: parameter {name[:60]!r}")
 
 
 def run_name(own: dict[str, Any]) -> str:
@@ -127,8 +201,12 @@ def validate(runs: list[Run], declared: dict[str, dict[str, Any]], notebook: str
     if not runs:
         raise GridError("the grid has no runs")
     for run in runs:
+        check_run_name(run.name)
         for name, value in run.params.items():
             where = f"run {run.name!r}: parameter {name!r}"
+            if not isinstance(name, str):
+                raise GridError(f"run {run.name!r}: parameter name {name!r} is {type(name).__name__}, not a string")
+            check_value(value, where)
             if is_secret_name(name):
                 raise GridError(f"{where} looks like a secret; secrets are never grid parameters — "
                                 "the notebook reads them from the environment")
@@ -200,7 +278,10 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise GridError(f"{where} must be a mapping of parameter names to values")
-    return {str(k): v for k, v in value.items()}
+    for key in value:
+        if not isinstance(key, str):
+            raise GridError(f"{where}: parameter name {key!r} is {type(key).__name__}; names are strings")
+    return dict(value)
 
 
 def _short(value: Any) -> str:

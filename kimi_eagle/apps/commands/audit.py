@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from kimi_eagle.apps.audit.run import audit, matrix_text
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_option
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,14 +18,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="API model name sent with every request (not a directory)")
     p.add_argument("--providers", required=True, help="comma-separated provider names, each pinned with provider.only")
     p.add_argument("--reference", help="engine records (JSONL) of the same prompt ids from the reference engine")
-    p.add_argument("--repeats", type=int, default=2, help="requests per prompt and provider (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="the fixed seed sent with every request")
-    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens for prompts that set none (default 64)")
+    p.add_argument("--repeats", type=POSITIVE_INT, default=2, help="requests per prompt and provider (default 2)")
+    p.add_argument("--seed", type=NONNEG_INT, default=0, help="the fixed seed sent with every request")
+    p.add_argument("--max-tokens", type=POSITIVE_INT, default=64, help="max_tokens for prompts that set none (default 64)")
     p.add_argument("--tokenizer", help="tokenizer directory (default: the Kimi tokenizer in the assets)")
     p.add_argument("--format", default="kimi-k2.5", help="reconstruction chat format (default kimi-k2.5; plain for stories260K)")
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--max-attempts", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--concurrency", type=POSITIVE_INT, default=4)
+    p.add_argument("--max-attempts", type=POSITIVE_INT, default=8)
+    p.add_argument("--timeout", type=POSITIVE_FLOAT, default=120.0)
     p.add_argument("--no-progress", action="store_true")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kimi_eagle.apps.batch.grid import GridError, load_grid
 from kimi_eagle.apps.batch.run import run_batch
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, add_option
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", required=True, help="GRID.yaml: `fixed` parameters, `sweep` lists and/or explicit `runs`")
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
                help="RUN_DIR: one sub-directory per run plus the summary")
-    p.add_argument("--workers", type=int, default=2, help="runs executed in parallel (default 2)")
+    p.add_argument("--workers", type=POSITIVE_INT, default=2, help="runs executed in parallel (default 2)")
     p.add_argument("--resume", action="store_true", help="execute only the runs that are not ok yet")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

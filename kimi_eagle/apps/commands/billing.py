@@ -6,7 +6,9 @@ from pathlib import Path
 
 from kimi_eagle.apps.cli import add_main_input, add_option
 from kimi_eagle.apps.reports.billing_report import DATA_LABELS, write_billing
+from kimi_eagle.apps.reports.outputs import refuse_other_report
 from kimi_eagle.diff.run import read_reconstructed
+from kimi_eagle.io import check_parquet
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
@@ -22,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kimi_eagle.assets import kimi_dir
 
+    check_parquet(args.reconstructed, "`kimi-eagle reconstruct`")  # a folder, JSONL, gzip: refused by name
+    refuse_other_report(args.out, "billing")
     rows = read_reconstructed(args.reconstructed)  # refuse a bad file before loading the tokenizer
     tok = load_tokenizer(args.tokenizer or kimi_dir())
     summary = write_billing(tok, rows, args.out, args.data, {"reconstructed": str(args.reconstructed), "tokenizer": tok.name})

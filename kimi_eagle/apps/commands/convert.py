@@ -1,4 +1,16 @@
-"""``kimi-eagle convert``: real datasets -> API records, one per assistant turn."""
+"""``kimi-eagle convert``: real datasets or your own chat-completion logs -> API records.
+``--from openai`` reads your logs, one JSON object per line or a JSON array, each one of:
+``{"id"?, "request": {...}, "response": {...}}``; the request's own fields beside the response,
+``{"model", "messages", "tools"?, "response": {...}}``, where the response is the OpenAI SDK's
+``model_dump()`` or OpenRouter's response JSON (``usage``, ``provider``, ``finish_reason``, ``model`` are
+kept); or a conversation ``{"id"?, "messages", "tools"?}`` (one record per assistant turn). Without an
+``id`` the response's id is used, else a stable ``log:<sha256>`` (``id_from`` says which). Example log:
+docs/examples/openai_log.jsonl.
+``--from openai-stream`` reads logged ``stream: true`` answers: raw SSE (``data: {...}`` lines) or a JSONL of
+chunk objects (the SDK's ``ChatCompletionChunk.model_dump()``, OpenRouter's chunks), one or many answers per
+file grouped by the chunk ``id``, each after its request line, or ``{"request": {...}, "chunks": [...]}``
+(see kimi_eagle/reconstruct/stream_log.py).
+"""
 from __future__ import annotations
 
 import argparse

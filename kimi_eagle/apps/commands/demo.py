@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, add_option
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", default="runs/demo", help="output directory")
-    p.add_argument("--batch-workers", type=int, default=2, help="parallel runs for the notebooks/grids batches")
+    p.add_argument("--batch-workers", type=POSITIVE_INT, default=2, help="parallel runs for the notebooks/grids batches")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ import argparse
 
 from kimi_eagle.apps.cli import add_option
 from kimi_eagle.diff.run import diff_rows, read_engine, read_labels, read_reconstructed, write_diff
+from kimi_eagle.io import check_jsonl, check_parquet
 from kimi_eagle.records import exit_status
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
@@ -22,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kimi_eagle.assets import kimi_dir
 
+    check_jsonl(args.engine)  # a folder, Parquet, gzip, a JSON array: refused before any output
+    check_parquet(args.reconstructed, "`kimi-eagle reconstruct`")
     recon_rows = read_reconstructed(args.reconstructed)  # refuse a bad file before loading the tokenizer
     labels = read_labels(args.labels) if args.labels else None
     tok = load_tokenizer(args.tokenizer or kimi_dir())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, add_option
 from kimi_eagle.apps.interop.export_data import TARGETS, _target_config, export_data
 
 
@@ -14,19 +14,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
                help="output directory")
     p.add_argument("--target", help="target model directory (its config.json gives vocab size, layers, hidden size)")
-    p.add_argument("--vocab-size", type=int, help="target vocabulary size (default: from --target)")
-    p.add_argument("--n-layers", type=int, help="target decoder layers, for the run configs (default: from --target)")
-    p.add_argument("--hidden-size", type=int, help="target hidden size, for the run configs (default: from --target)")
-    p.add_argument("--max-length", type=int, help="cut rows to this many tokens (counted as truncated)")
+    p.add_argument("--vocab-size", type=POSITIVE_INT, help="target vocabulary size (default: from --target)")
+    p.add_argument("--n-layers", type=POSITIVE_INT, help="target decoder layers, for the run configs (default: from --target)")
+    p.add_argument("--hidden-size", type=POSITIVE_INT, help="target hidden size, for the run configs (default: from --target)")
+    p.add_argument("--max-length", type=POSITIVE_INT, help="cut rows to this many tokens (counted as truncated)")
     p.add_argument("--drop-flag", action="append", default=None, metavar="FLAG",
                    help="drop rows carrying this reconstruction flag (repeatable; default: literal_marker, whose "
-                        "marker text cannot say whether the model emitted special tokens)")
+                        "marker text cannot say whether the model emitted special tokens, and dropped_by_server, "
+                        "whose IDs after a tool call the server dropped are unknown)")
     p.add_argument("--keep-literal-marker", action="store_true",
                    help="keep rows flagged literal_marker (dropped by default)")
-    p.add_argument("--draft-vocab-size", type=int, default=32000)
+    p.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=32000)
 
 
-DEFAULT_DROP_FLAGS = ("literal_marker",)
+DEFAULT_DROP_FLAGS = ("literal_marker", "dropped_by_server")
 
 
 def _drop_flags(args: argparse.Namespace) -> list[str]:

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from kimi_eagle.apps.cli import add_main_input, add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, add_main_input, add_option
 from kimi_eagle.eagle3.extract import ExtractOptions, extract
 from kimi_eagle.eagle3.hidden import load_rows
 from kimi_eagle.eagle3.layouts import LAYOUTS, is_arrow_dir, load_layout_rows
@@ -24,11 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", help="comma-separated 0-based block-output indices (default: EAGLE-3's low/mid/high)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8"], default="bf16",
                    help="fp8: float8_e4m3fn with one fp32 scale per token and layer (about half of bf16's bytes)")
-    p.add_argument("--shard-rows", type=int, default=256)
-    p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per forward batch")
+    p.add_argument("--shard-rows", type=POSITIVE_INT, default=256)
+    p.add_argument("--max-tokens", type=POSITIVE_INT, default=4096, help="padded tokens per forward batch")
     p.add_argument("--keep-literal-marker", action="store_true",
                    help="keep rows flagged literal_marker (skipped by default and counted in the manifest)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
+    p.add_argument("--threads", type=POSITIVE_INT, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
     p.add_argument("--layout", choices=LAYOUTS, default="kimi",
                    help="kimi: the kit's shards; speculators: hs_{row}.safetensors per Arrow row of an export-data "
                         "directory (DATA), into -o DATA/hidden_states; specforge: rows_*/data_{idx}.ckpt")

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_INT, TOP_P, add_option
 from kimi_eagle.engine.local import CHAT_FORMAT_ALIASES, CHAT_FORMATS, Engine, SamplingParams, generate_records
 from kimi_eagle.io import atomic_path, read_jsonl
 
@@ -18,10 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
                help="chat format; default: kimi-k2.5 for a model with a kimi_ids.json row map (tiny-kimi), else "
                     "hf-template if the tokenizer has a chat template, else plain")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, help="seed of the first prompt; prompt i uses seed + i")
-    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=NONNEG_FLOAT, default=1.0)
+    p.add_argument("--top-p", type=TOP_P, default=1.0)
+    p.add_argument("--seed", type=NONNEG_INT, help="seed of the first prompt; prompt i uses seed + i")
+    p.add_argument("--max-tokens", type=POSITIVE_INT)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,9 @@ import argparse
 import json
 import sys
 
+from kimi_eagle.apps.cli import NONNEG_INT, add_option
 from kimi_eagle.chat.parse import PARSE_FORMATS, TOOL_ID_OUTPUTS, ParseOptions, parse_completion, parse_id_list
+from kimi_eagle.chat.serving import SERVING_CHOICES
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
@@ -19,12 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strip", action="store_true", help="strip whitespace as the servers' regexes do")
     p.add_argument("--tool-ids", choices=TOOL_ID_OUTPUTS, default="model",
                    help="model: the ids the model wrote (vLLM); sglang: functions.NAME:{history + N}")
-    p.add_argument("--history-tool-calls", type=int, default=0, help="tool calls already in the conversation (sglang ids)")
+    add_option(p, "--serving", choices=SERVING_CHOICES, default="template",
+               help="answer as this server does: template (the kit's parse of the IDs), moonshot, vllm, sglang "
+                    "(their parsers on the decoded text; docs/reconstruct.md, 'Serving profiles')")
+    p.add_argument("--history-tool-calls", type=NONNEG_INT, default=0, help="tool calls already in the conversation (sglang ids)")
 
 
 def run(args: argparse.Namespace) -> int:
     options = ParseOptions(format_name=args.format, finish_reason=args.finish_reason, strip=args.strip,
-                           tool_ids=args.tool_ids, history_tool_calls=args.history_tool_calls)
+                           tool_ids=args.tool_ids, history_tool_calls=args.history_tool_calls,
+                           serving=args.serving)
     if args.ids is not None:
         from kimi_eagle.assets import kimi_dir
 

@@ -2,42 +2,97 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+from kimi_eagle.apps.cli import add_option
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.completion import TOOL_ID_POLICIES
 from kimi_eagle.chat.formats import FORMATS, TOOL_DECLARATIONS
+from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile
+from kimi_eagle.io import check_jsonl
 from kimi_eagle.reconstruct.job import JobOptions, NothingToProcess, reconstruct_file
-from kimi_eagle.reconstruct.record import ReconstructOptions
+from kimi_eagle.reconstruct.record import serving_groups, serving_options
 from kimi_eagle.records import EXIT_NOTHING_PROCESSED, exit_status, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", metavar="INPUT", help="API records (JSONL)")
+    p.add_argument("input", metavar="INPUT", help="API records (JSONL, one object per line; the shapes `kimi-eagle convert "
+                   "--help` lists for --from openai are read too)")
     p.add_argument("-o", "--output", required=True, help="output parquet")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (Kimi or HF; default: the Kimi tokenizer in the assets)")
     p.add_argument("--format", default="kimi-k2.5", choices=FORMATS, help="chat format (default kimi-k2.5)")
-    p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default="json",
-                   help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str)")
+    add_option(p, "--serving", choices=(*SERVING_CHOICES, "auto"), default="template",
+               help="what the provider's server did around the template (docs/reconstruct.md, 'Serving profiles'): "
+                    "template (the jinja alone), moonshot (Moonshot's tokenizer: sorted TS tools), vllm, sglang "
+                    "(their preprocessing and parsers), auto (per provider and dataset, the profile whose prompt "
+                    "counts match the billed usage.prompt_tokens; evidence in OUTPUT.serving.json); the options "
+                    "below override one field each (default template)")
+    p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default=None,
+                   help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str); "
+                        "default: the serving profile's")
     p.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
     p.add_argument("--resume", action="store_true", help="keep the finished shards of an interrupted run")
     p.add_argument("--shard-size", type=positive_int, default=256, help="records per shard (the unit of resumption)")
     p.add_argument("--omit-think-end-before-tools", action="store_true",
                    help="no </think> before tool calls when a message has tool calls and no content (reasoning or not)")
-    p.add_argument("--tool-ids", choices=TOOL_ID_POLICIES, default="auto",
+    p.add_argument("--tool-ids", choices=TOOL_ID_POLICIES, default=None,
                    help="auto: keep ids the model could have written, replace server-made ones with functions.NAME:IDX; "
-                        "normalise: always functions.NAME:IDX; keep: the API's ids (default auto)")
+                        "normalise: always functions.NAME:IDX; keep: the API's ids (default: the profile's, auto)")
     p.add_argument("--keep-tool-ids", action="store_true", help="the same as --tool-ids keep")
     p.add_argument("--no-progress", action="store_true")
 
 
+PARQUET_SUFFIXES = ("", ".parquet", ".pq")
+
+
+def auto_serving(args: argparse.Namespace, overrides: dict, options: Any) -> tuple[Any, Any]:
+    """``--serving auto``: choose each (provider, dataset)'s profile (kimi_eagle.chat.serving_choice), write the
+    evidence to OUTPUT.serving.json and print one line per group; the options carry the choice per group."""
+    from kimi_eagle.chat.serving_choice import choose_profiles, describe
+    from kimi_eagle.reconstruct.log_shapes import as_api_record
+    from kimi_eagle.tokenize.tokenizer import load_tokenizer
+
+    def records():
+        with open(args.input, "rb") as f:
+            for line in f:
+                try:
+                    yield as_api_record(json.loads(line))
+                except (ValueError, RecursionError):
+                    continue  # the job names every bad line; the choice only reads good ones
+
+    choices = choose_profiles(records(), load_tokenizer(args.tokenizer or kimi_dir()), args.format)
+    for c in choices:
+        print(describe(c))
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(str(args.output) + ".serving.json").write_text(json.dumps(
+        {"rule": "auto", "summary": [describe(c) for c in choices], "groups": choices}, indent=1))
+    profiles = {(c["provider"], c["dataset"]): get_profile(c["profile"], **overrides) for c in choices}
+    names = {p.name for p in profiles.values()}
+    if len(names) == 1:  # one profile for the whole file: the job's format declares tools its way
+        profile = next(iter(profiles.values()))
+        return serving_options(profile, keep_tool_ids=args.keep_tool_ids), profile
+    return replace(options, serving_by_group=serving_groups(profiles)), get_profile("template", **overrides)
+
+
 def run(args: argparse.Namespace) -> int:
-    options = ReconstructOptions(omit_think_end_before_tools=args.omit_think_end_before_tools,
-                                 tool_ids="keep" if args.keep_tool_ids else args.tool_ids)
+    if Path(args.output).suffix.lower() not in PARQUET_SUFFIXES:
+        raise ValueError(f"output {args.output}: reconstruct writes Parquet; name the file .parquet")
+    if Path(args.input).exists():  # a missing input is named by reconstruct_file's own checks
+        check_jsonl(args.input)  # a folder, Parquet, gzip, a JSON array: refused before any output
+    overrides = dict(tool_declaration=args.tool_declaration, tool_ids=args.tool_ids,
+                     omit_think_end_before_tools=True if args.omit_think_end_before_tools else None)
+    profile = get_profile("template" if args.serving == "auto" else args.serving, **overrides)
+    options = serving_options(profile, keep_tool_ids=args.keep_tool_ids)
+    if args.serving == "auto" and Path(args.input).exists():
+        options, profile = auto_serving(args, overrides, options)
     try:
         job = JobOptions(workers=args.workers, resume=args.resume, completion=options, shard_size=args.shard_size,
-                         progress=not args.no_progress, tool_declaration=args.tool_declaration)
+                         progress=not args.no_progress, tool_declaration=profile.tool_declaration)
         counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, job)
     except NothingToProcess as e:
         print(f"kimi-eagle reconstruct: nothing to process: {e}", file=sys.stderr)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from kimi_eagle.apps.cli import add_option
 from kimi_eagle.apps.reports.diff_report import DATA_KINDS, write_report
+from kimi_eagle.apps.reports.outputs import refuse_other_report
 from kimi_eagle.diff.run import read_diff
+from kimi_eagle.io import FileKindRefused
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +49,9 @@ def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer |
 
 
 def run(args: argparse.Namespace) -> int:
+    if Path(args.diff_dir).is_file():
+        raise FileKindRefused(f"{args.diff_dir}: this is a file; give the folder `kimi-eagle diff -o` wrote")
+    refuse_other_report(args.out, "report")
     result = read_diff(args.diff_dir)
     summary = write_report(result, args.out, args.data, _diff_tokenizer(args.diff_dir, args.tokenizer))
     v = summary["verdict"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import NONNEG_INT, POSITIVE_INT, add_option
 from kimi_eagle.diff.simulate import (
     DEFAULT_FORMAT,
     DEFAULT_SOURCES,
@@ -21,8 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                help="output directory (api.jsonl, engine.jsonl, labels.parquet)")
     p.add_argument("--source", action="append", default=None,
                    help=f"converted dataset to draw from (repeatable; default {' + '.join(DEFAULT_SOURCES)})")
-    p.add_argument("--per-effect", type=int, default=10, help="records per effect (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--per-effect", type=POSITIVE_INT, default=10, help="records per effect (default 10)")
+    p.add_argument("--seed", type=NONNEG_INT, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
     p.add_argument("--format", default=DEFAULT_FORMAT, help=f"chat format (default {DEFAULT_FORMAT})")
     p.add_argument("--run", action="store_true", help="also reconstruct and diff into OUT/diff (then `kimi-eagle report OUT/diff`)")

@@ -5,24 +5,25 @@ import argparse
 import sys
 from pathlib import Path
 
+from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_INT
 from kimi_eagle.apps.tiny_kimi import DEFAULT_SEED, DEFAULT_STEPS, TinyKimiSpec, build_tiny_kimi, collect_tiny_kimi
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="model directory to write (HF weights, kimi_ids.json, manifest)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps (about 3 minutes on 2 CPU cores)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seeds the initialisation and the training windows")
-    p.add_argument("--sharegpt-conversations", type=int, default=TinyKimiSpec.sharegpt_conversations,
+    p.add_argument("--steps", type=POSITIVE_INT, default=DEFAULT_STEPS, help="training steps (about 3 minutes on 2 CPU cores)")
+    p.add_argument("--seed", type=NONNEG_INT, default=DEFAULT_SEED, help="seeds the initialisation and the training windows")
+    p.add_argument("--sharegpt-conversations", type=NONNEG_INT, default=TinyKimiSpec.sharegpt_conversations,
                    help="ShareGPT conversations to train on (glaive and reason-tool-use are used whole)")
-    p.add_argument("--threads", type=int, default=TinyKimiSpec.threads, help="torch CPU threads for training")
+    p.add_argument("--threads", type=POSITIVE_INT, default=TinyKimiSpec.threads, help="torch CPU threads for training")
     p.add_argument("--tokenizer", help="Kimi tokenizer directory (default: the assets)")
     p.add_argument("--reuse", action="store_true", help="keep a model already in -o built with the same spec and data")
     g = p.add_argument_group("collect (serve the model and collect glaive prompts through the API)")
-    g.add_argument("--collect", type=int, metavar="N", help="collect N glaive prompts (with their tools) after building")
+    g.add_argument("--collect", type=POSITIVE_INT, metavar="N", help="collect N glaive prompts (with their tools) after building")
     g.add_argument("--collect-dir", help="where the collection goes (default: OUTPUT/collect)")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--max-prompt-tokens", type=int, default=384, help="skip glaive turns whose K2.5 prompt is longer")
+    g.add_argument("--max-tokens", type=POSITIVE_INT, default=128)
+    g.add_argument("--temperature", type=NONNEG_FLOAT, default=1.0)
+    g.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=384, help="skip glaive turns whose K2.5 prompt is longer")
     g.add_argument("--no-progress", action="store_true")
 
 

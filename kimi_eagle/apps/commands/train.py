@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from kimi_eagle.apps.cli import add_main_input, add_option
+from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_main_input, add_option
 from kimi_eagle.apps.reports.training_charts import write_train_curves
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
 
@@ -21,19 +21,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF target model directory")
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
                help="output directory (drafter/, checkpoint/)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps)
-    p.add_argument("--step-weight", type=float, default=d.step_weight)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="rows per process per step")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint/last.pt if present")
-    p.add_argument("--stop-after", type=int, help="stop after this many steps (checkpointed), e.g. to test resuming")
+    p.add_argument("--steps", type=POSITIVE_INT, default=d.steps)
+    p.add_argument("--ttt-steps", type=POSITIVE_INT, default=d.ttt_steps)
+    p.add_argument("--step-weight", type=NONNEG_FLOAT, default=d.step_weight)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=d.batch_size, help="rows per process per step")
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=d.lr)
+    p.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=d.draft_vocab_size)
+    p.add_argument("--seed", type=NONNEG_INT, default=d.seed)
+    p.add_argument("--save-every", type=POSITIVE_INT, default=d.save_every)
+    p.add_argument("--log-every", type=POSITIVE_INT, default=d.log_every)
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", default=None,
+                       help="continue OUTPUT's checkpoint; refused when it was trained with other settings or data "
+                            "(default: continue it when they are equal, else start fresh in OUTPUT.run2, .run3, ...)")
+    start.add_argument("--fresh", dest="resume", action="store_false", help="start fresh in OUTPUT, replacing its run")
+    p.add_argument("--stop-after", type=POSITIVE_INT, help="stop after this many steps (checkpointed), e.g. to test resuming")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
+    p.add_argument("--threads", type=POSITIVE_INT, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = train_drafter(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # rank 0 draws the curves of the log it wrote
-        write_train_curves(args.out)
-        print(json.dumps({k: summary[k] for k in ("step", "finished", "world_size", "train_tokens_per_s")}
+        write_train_curves(summary["out"])
+        print(json.dumps({k: summary[k] for k in ("start", "start_note", "out", "step", "finished", "world_size",
+                                                  "train_tokens_per_s")}
                          | {"final": summary.get("final")}))
     return 0

@@ -28,48 +28,25 @@ import io
 import json
 import os
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 
+from kimi_eagle.apps.interop.export_rows import (  # noqa: F401 - the row checks, re-exported
+    ExportRows,
+    ExportStats,
+    TrainingRow,
+    collect_rows,
+    to_training_row,
+)
 from kimi_eagle.assets import sha256_file
 from kimi_eagle.eagle3 import draft_vocab as dv
-from kimi_eagle.io import read_jsonl, write_bytes, write_json, write_jsonl
+from kimi_eagle.io import atomic_path, read_jsonl, write_bytes, write_json
 
 FORMAT = "kimi-eagle-export-data/1"
 TARGETS = ("tokens", "speculators", "specforge")
 DROP_REASONS = ("malformed", "status_error", "empty_completion", "id_out_of_vocab", "no_supervised_tokens")
-
-
-@dataclass
-class TrainingRow:
-    """One exported row: the source record's index and id, exact IDs and the completion mask."""
-
-    index: int
-    id: str
-    input_ids: list[int]
-    loss_mask: list[int]
-
-
-@dataclass
-class ExportStats:
-    """What happened to every input record."""
-
-    rows_in: int = 0
-    rows_written: int = 0
-    rows_truncated: int = 0
-    tokens_written: int = 0
-    supervised_tokens: int = 0
-    dropped: list[dict] = field(default_factory=list)
-
-    def drop(self, index: int, rid: str | None, reason: str, detail: str = "") -> None:
-        self.dropped.append({"index": index, "id": rid, "reason": reason, "detail": detail})
-
-    def dropped_by_reason(self) -> dict[str, int]:
-        return dict(sorted(Counter(d["reason"] for d in self.dropped).items()))
 
 
 def iter_records(path: str | Path, batch_rows: int = 4096) -> Iterator[tuple[int, Any, str | None]]:
@@ -86,76 +63,6 @@ def iter_records(path: str | Path, batch_rows: int = 4096) -> Iterator[tuple[int
     else:
         for index, line in enumerate(read_jsonl(path)):
             yield index, line.obj, line.error
-
-
-def to_training_row(index: int, obj: Any, *, vocab_size: int, max_length: int | None,
-                    drop_flags: Sequence[str] = ()) -> tuple[TrainingRow | None, str | None, str, bool]:
-    """``(row, None, "", truncated)`` or ``(None, reason, detail, False)`` for one input record.
-
-    Accepts a reconstructed row (``status``, ``prompt_ids``, ``completion_ids``, ``flags``), an engine
-    record (``prompt_ids``, ``output_ids``, ``error``) or a pre-tokenized ``{input_ids, loss_mask}`` row.
-    """
-    if not isinstance(obj, dict):
-        return None, "malformed", "record is not an object", False
-    rid = str(obj.get("id", index))
-    if obj.get("status", "ok") != "ok" or (obj.get("error") and "status" not in obj):
-        return None, "status_error", str(obj.get("error") or obj.get("status")), False
-    flags = [f for f in (obj.get("flags") or []) if f in drop_flags]
-    if flags:
-        return None, f"flag:{flags[0]}", ",".join(flags), False
-    try:
-        if "input_ids" in obj:
-            ids = [int(i) for i in obj["input_ids"]]
-            mask = [int(m) for m in (obj.get("loss_mask") if obj.get("loss_mask") is not None else [1] * len(ids))]
-            if any(m not in (0, 1) for m in mask):
-                return None, "malformed", "loss_mask values must be 0 or 1", False
-        else:
-            completion = obj.get("completion_ids", obj.get("output_ids"))
-            if completion is None:
-                return None, "malformed", "no input_ids, completion_ids or output_ids", False
-            prompt = [int(i) for i in (obj.get("prompt_ids") or [])]
-            completion = [int(i) for i in completion]
-            ids, mask = prompt + completion, [0] * len(prompt) + [1] * len(completion)
-    except (TypeError, ValueError) as e:
-        return None, "malformed", f"ids are not integers: {e}", False
-    if len(ids) != len(mask):
-        return None, "malformed", f"input_ids ({len(ids)}) and loss_mask ({len(mask)}) differ in length", False
-    if not any(mask):
-        return None, "empty_completion", "no completion tokens", False
-    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-    if bad is not None:
-        return None, "id_out_of_vocab", f"id {bad} outside [0, {vocab_size})", False
-    truncated = max_length is not None and len(ids) > max_length
-    if truncated:
-        ids, mask = ids[:max_length], mask[:max_length]
-        if not any(mask):
-            return None, "no_supervised_tokens", f"no completion token within the first {max_length} tokens", False
-    return TrainingRow(index, rid, ids, mask), None, "", truncated
-
-
-def collect_rows(path: str | Path, *, vocab_size: int, max_length: int | None = None,
-                 drop_flags: Sequence[str] = ()) -> tuple[list[TrainingRow], ExportStats]:
-    """Every usable row of ``path`` and the stats accounting for every record."""
-    stats = ExportStats()
-    rows: list[TrainingRow] = []
-    for index, obj, error in iter_records(path):
-        stats.rows_in += 1
-        if error:
-            rid = obj.get("id") if isinstance(obj, dict) else None
-            stats.drop(index, rid, "malformed", error)
-            continue
-        row, reason, detail, truncated = to_training_row(index, obj, vocab_size=vocab_size, max_length=max_length,
-                                                         drop_flags=drop_flags)
-        if row is None:
-            rid = obj.get("id") if isinstance(obj, dict) else None
-            stats.drop(index, None if rid is None else str(rid), reason or "malformed", detail)
-            continue
-        rows.append(row)
-        stats.rows_written += 1
-        stats.rows_truncated += truncated
-        stats.tokens_written += len(row.input_ids)
-        stats.supervised_tokens += sum(row.loss_mask)
-    return rows, stats
 
 
 # ------------------------------------------------------------------------------------------
@@ -176,10 +83,99 @@ def _npy_bytes(tensor: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
-def draft_vocab_for(rows: Sequence[TrainingRow], vocab_size: int, draft_vocab_size: int) -> dv.DraftVocab:
+def draft_vocab_for(rows: ExportRows, vocab_size: int, draft_vocab_size: int) -> dv.DraftVocab:
     """The top-N supervised tokens of ``rows`` (the same choice both trainers make from these counts)."""
-    counts = dv.supervised_counts(((r.input_ids, r.loss_mask) for r in rows), vocab_size)
-    return dv.build(counts, min(draft_vocab_size, vocab_size))
+    import numpy as np
+
+    counts = np.bincount(rows.input_ids[rows.loss_mask == 1], minlength=vocab_size)
+    return dv.build(torch.from_numpy(counts.astype(np.int64)), min(draft_vocab_size, vocab_size))
+
+
+def _list_array(rows: ExportRows, values: Any, value_type: Any = None) -> Any:
+    """``list<int64>`` (or ``value_type``) of ``values`` cut at the rows' offsets (``large_list`` past 2**31 values)."""
+    import pyarrow as pa
+
+    values = pa.array(values, value_type or pa.int64())
+    if rows.offsets[-1] >= 2**31:
+        return pa.LargeListArray.from_arrays(pa.array(rows.offsets, pa.int64()), values)
+    return pa.ListArray.from_arrays(pa.array(rows.offsets, pa.int32()), values)
+
+
+def _joined_ids(rows: ExportRows) -> Any:
+    """Each row's IDs as JSON list text (``json.dumps``'s ``1, 2, 3``), one string per row, in Arrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = rows.input_ids
+    top = int(ids.max()) + 1 if len(ids) else 0
+    if len(ids) and 0 <= int(ids.min()) and top <= 1 << 21:  # IDs are vocabulary indices: look their text up
+        text = pa.array([str(i) for i in range(top)], pa.string()).take(pa.array(ids))
+    else:
+        text = pa.array(ids).cast(pa.string())
+    if rows.offsets[-1] >= 2**31:
+        return pc.binary_join(pa.LargeListArray.from_arrays(pa.array(rows.offsets, pa.int64()), text), ", ")
+    return pc.binary_join(pa.ListArray.from_arrays(pa.array(rows.offsets, pa.int32()), text), ", ")
+
+
+def _joined_mask(rows: ExportRows) -> Any:
+    """Each row's mask as JSON list text. A mask of zeros then ones (the prompt, then the completion) is
+    written by repetition (``"0, " * zeros + "1, " * ones``); any other is joined value by value."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    mask, lengths = rows.loss_mask, np.diff(rows.offsets)
+    if not len(rows):
+        return pa.array([], pa.string())
+    starts = np.minimum(rows.offsets[:-1], max(len(mask) - 1, 0))
+    ones = np.add.reduceat(mask, starts, dtype=np.int64) if len(mask) else lengths * 0
+    ones = np.where(lengths > 0, ones, 0)  # reduceat gives an empty row the next value, not 0
+    counts = np.stack([lengths - ones, ones], axis=1).reshape(-1)
+    if not np.array_equal(np.repeat(np.tile(np.array([0, 1], dtype=mask.dtype), len(rows)), counts), mask):
+        return pc.binary_join(_list_array(rows, mask, pa.int8()).cast(pa.list_(pa.string())), ", ")
+    text = pc.binary_join_element_wise(pc.binary_repeat("0, ", pa.array(lengths - ones)),
+                                       pc.binary_repeat("1, ", pa.array(ones)), "")
+    return pc.utf8_slice_codeunits(text, 0, -2)
+
+
+def _text_bytes(lines: Any) -> memoryview:
+    """The bytes of an Arrow string array's values, one after another (its data buffer, no copy)."""
+    import numpy as np
+
+    if not len(lines):
+        return memoryview(b"")
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset:lines.offset + len(lines) + 1]
+    return memoryview(lines.buffers()[2])[int(offsets[0]):int(offsets[-1])]
+
+
+def _rows_slice(rows: ExportRows, a: int, b: int) -> ExportRows:
+    lo, hi = int(rows.offsets[a]), int(rows.offsets[b])
+    return ExportRows(rows.index[a:b], rows.ids[a:b], rows.offsets[a:b + 1] - lo, rows.input_ids[lo:hi],
+                      rows.loss_mask[lo:hi])
+
+
+def write_training_jsonl(path: Path, rows: ExportRows, chunk_rows: int = 16384) -> Path:
+    """``{"id", "input_ids", "loss_mask"}`` per row, one JSON object a line (``json.dumps``'s bytes, UTF-8
+    kept), each chunk of rows built as one Arrow string array and written as one buffer, atomically."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        for a in range(0, len(rows), chunk_rows):
+            part = _rows_slice(rows, a, min(a + chunk_rows, len(rows)))
+            ids = pa.array([json.dumps(i, ensure_ascii=False) for i in part.ids], pa.string())
+            lines = pc.binary_join_element_wise('{"id": ', ids, ', "input_ids": [', _joined_ids(part),
+                                                '], "loss_mask": [', _joined_mask(part), ']}\n', "")
+            f.write(_text_bytes(lines))
+    return path
+
+
+def write_row_ids(path: Path, rows: ExportRows) -> Path:
+    """``row_ids.jsonl``: ``{"row", "id", "index"}`` per exported row."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(f'{{"row": {k}, "id": {json.dumps(i, ensure_ascii=False)}, "index": {int(x)}}}\n'
+                     for k, (i, x) in enumerate(zip(rows.ids, rows.index)))
+    return path
 
 
 def token_freq(vocab: dv.DraftVocab) -> dict[int, int]:
@@ -201,7 +197,7 @@ def write_speculators_vocab(out: Path, vocab: dv.DraftVocab) -> list[Path]:
             write_bytes(out / f"t2d-{n}.npy", _npy_bytes(vocab.t2d))]
 
 
-def write_arrow_dataset(out: Path, rows: Sequence[TrainingRow]) -> list[Path]:
+def write_arrow_dataset(out: Path, rows: ExportRows) -> list[Path]:
     """The rows as a ``datasets`` Arrow dataset in ``out`` (``input_ids``, ``loss_mask`` int64, ``seq_len``).
 
     Saved into a temporary folder beside the files, then each file is moved in with ``os.replace``,
@@ -213,9 +209,8 @@ def write_arrow_dataset(out: Path, rows: Sequence[TrainingRow]) -> list[Path]:
     except ImportError as e:  # pragma: no cover - the interop extra is part of make test
         raise RuntimeError("--to speculators needs the `datasets` package: pip install -e '.[interop]'") from e
     table = pa.table({
-        "input_ids": pa.array([r.input_ids for r in rows], type=pa.list_(pa.int64())),
-        "loss_mask": pa.array([r.loss_mask for r in rows], type=pa.list_(pa.int64())),
-        "seq_len": pa.array([len(r.input_ids) for r in rows], type=pa.int64()),
+        "input_ids": _list_array(rows, rows.input_ids), "loss_mask": _list_array(rows, rows.loss_mask),
+        "seq_len": pa.array(rows.offsets[1:] - rows.offsets[:-1], type=pa.int64()),
     })
     tmp = out / f".arrow.{os.getpid()}.tmp"
     # torch format, as speculators' prepare-data saves it: its ArrowDataset compares rows with torch.equal
@@ -228,6 +223,12 @@ def write_arrow_dataset(out: Path, rows: Sequence[TrainingRow]) -> list[Path]:
     return [out / n for n in names]
 
 
+def check_max_length(max_length: Any) -> None:
+    """ValueError unless ``max_length`` is None or an integer >= 1 (``--max-length``)."""
+    if max_length is not None and (type(max_length) is not int or max_length < 1):
+        raise ValueError(f"--max-length: must be an integer of at least 1, not {max_length!r}")
+
+
 def export_data(source: str | Path, to: str, out: str | Path, *, vocab_size: int, max_length: int | None = None,
                 drop_flags: Sequence[str] = (), draft_vocab_size: int = 32000, target: str | None = None,
                 n_layers: int | None = None, hidden_size: int | None = None) -> dict:
@@ -237,22 +238,21 @@ def export_data(source: str | Path, to: str, out: str | Path, *, vocab_size: int
     if to not in TARGETS:
         raise ValueError(f"unknown target {to!r}: choose from {', '.join(TARGETS)}")
     source, out = Path(source), Path(out)
+    check_max_length(max_length)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows, stats = collect_rows(source, vocab_size=vocab_size, max_length=max_length, drop_flags=drop_flags)
     written: list[Path] = []
-    line = lambda r: {"id": r.id, "input_ids": r.input_ids, "loss_mask": r.loss_mask}  # noqa: E731
-    vocab = draft_vocab_for(rows, vocab_size, draft_vocab_size) if rows else None
+    vocab = draft_vocab_for(rows, vocab_size, draft_vocab_size) if len(rows) else None
     if to == "tokens":
-        written.append(write_jsonl(out / "rows.jsonl", (line(r) for r in rows)))
+        written.append(write_training_jsonl(out / "rows.jsonl", rows))
     elif to == "specforge":
-        written.append(write_jsonl(out / "prompts.jsonl", (line(r) for r in rows)))
+        written.append(write_training_jsonl(out / "prompts.jsonl", rows))
         if vocab is not None:
             written.append(write_specforge_vocab(out, vocab))
     else:
         written += write_arrow_dataset(out, rows)
-        written.append(write_jsonl(out / "row_ids.jsonl", ({"row": k, "id": r.id, "index": r.index}
-                                                            for k, r in enumerate(rows))))
+        written.append(write_row_ids(out / "row_ids.jsonl", rows))
         if vocab is not None:
             written += write_speculators_vocab(out, vocab)
     manifest = {

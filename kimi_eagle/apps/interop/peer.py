@@ -2,11 +2,13 @@
 with the kit's optimizer settings (``bench/peer_trainer.py``, ``tests/test_peer_trainer.py``).
 
 speculators' ``Trainer`` needs a GPU (``torch.cuda``, NCCL, flex attention); everything below it runs on CPU
-with eager attention. What is speculators' here: the model class (built by its ``from_training_args``, its
+with ``eager`` or ``sdpa`` attention (flex attention has no CPU backward); ``sdpa`` is the faster one on CPU and
+gives the same losses. The drafter is :data:`~kimi_eagle.apps.interop.configs.RECIPE`'s, the one the runbook's
+``speculators.sh`` trains (the kit's layer: no extra norms, full attention). What is speculators' here: the model class (built by its ``from_training_args``, its
 own weight initialisation, its ``load_vocab_mappings`` / ``load_verifier_weights``: embeddings and
 ``lm_head`` from the target, both frozen), its data path (``ArrowDataset`` over the export-data rows and
 their ``hs_{row}.safetensors``, its ``shift_batch`` preprocessing and ``CollateFn`` packing a batch into one
-sequence with document ids), its TTT forward and its loss (``kl_div``, eager implementation,
+sequence with document ids; ``pack=False`` runs the rows of a step one by one and averages their gradients), its TTT forward and its loss (``kl_div``, eager implementation,
 ``ttt_step_loss_decay``). What is the kit's (so that only the trainer differs): the rows of every step
 (:func:`~kimi_eagle.eagle3.train.batch_indices` with the same seed), AdamW (betas 0.9/0.95, no weight
 decay), the warmup + cosine schedule, gradient clipping, hidden states in float32.
@@ -22,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from kimi_eagle.apps.interop.configs import RECIPE, SpeculatorsRecipe
 from kimi_eagle.eagle3.layers import trainer_layer_ids
 from kimi_eagle.eagle3.train import lr_schedule
 
@@ -34,8 +37,8 @@ class PeerConfig:
     target: str
     out: str
     steps: int = 200
-    ttt_steps: int = 7
-    step_weight: float = 0.8  # speculators' ttt_step_loss_decay
+    ttt_steps: int = RECIPE.ttt_steps
+    step_weight: float = RECIPE.ttt_step_loss_decay  # speculators' ttt_step_loss_decay
     batch_size: int = 8
     lr: float = 3e-3
     warmup: float = 0.05
@@ -43,9 +46,9 @@ class PeerConfig:
     grad_clip: float = 0.5
     draft_vocab_size: int = 256
     seed: int = 0
-    norm_before_residual: bool = False  # speculators' CLI defaults these three to True; the kit's layer has them off
-    norm_before_fc: bool = False
-    norm_output: bool = False
+    recipe: SpeculatorsRecipe = RECIPE  # the drafter's layer flags, as speculators.sh passes them
+    attn_impl: str = "sdpa"  # speculators' --draft-attn-impl on CPU: "sdpa" (fastest) or "eager"
+    pack: bool = True  # speculators' CollateFn packs a step's rows into one sequence; False: one row at a time
 
 
 def _require_speculators():
@@ -57,8 +60,8 @@ def _require_speculators():
 
 def build_model(cfg: PeerConfig, aux_layer_ids: Sequence[int]):
     """speculators' ``Eagle3DraftModel`` for the target, built by its own ``from_training_args`` with the
-    export's ``d2t``/``t2d`` (``d2t-N.npy``/``t2d-N.npy``), eager attention, weights initialised under
-    ``torch.manual_seed(cfg.seed)``."""
+    export's ``d2t``/``t2d`` (``d2t-N.npy``/``t2d-N.npy``), weights initialised under
+    ``torch.manual_seed(cfg.seed)``, layer flags from ``cfg.recipe``, attention ``cfg.attn_impl``."""
     _require_speculators()
     import numpy as np
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -69,17 +72,19 @@ def build_model(cfg: PeerConfig, aux_layer_ids: Sequence[int]):
     d2t = torch.from_numpy(np.load(export / f"d2t-{cfg.draft_vocab_size}.npy")).to(torch.long)
     t2d = torch.from_numpy(np.load(export / f"t2d-{cfg.draft_vocab_size}.npy")).to(torch.bool)
     n_layers = AutoConfig.from_pretrained(cfg.target).num_hidden_layers
-    # speculators' CLI path: one llama layer shaped from the verifier; full attention (its default is a
-    # 2048-token sliding window, the same thing for rows this short, and not what SGLang/vLLM's layer does)
+    # speculators' CLI path: one llama layer shaped from the verifier; --full-attention-indices 0 as the recipe
+    # passes it (speculators' default is a 2048-token sliding window, not what SGLang/vLLM's layer does)
+    recipe = cfg.recipe
     layer_config = create_transformer_layer_config(str(cfg.target), num_layers=1, draft_arch="llama", hidden_act=None,
-                                                   sliding_window=2048, full_attention_indices=[0])
+                                                   sliding_window=2048,
+                                                   full_attention_indices=[0] if recipe.full_attention else None)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = Eagle3DraftModel.from_training_args(
             layer_config, t2d=t2d, d2t=d2t, verifier_name_or_path=str(cfg.target), draft_vocab_size=cfg.draft_vocab_size,
-            target_layer_ids=trainer_layer_ids(aux_layer_ids, n_layers, "speculators"), draft_attn_impl="eager",
-            norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc,
-            norm_output=cfg.norm_output, ttt_steps=cfg.ttt_steps)
+            target_layer_ids=trainer_layer_ids(aux_layer_ids, n_layers, "speculators"), draft_attn_impl=cfg.attn_impl,
+            norm_before_residual=recipe.norm_before_residual, norm_before_fc=recipe.norm_before_fc,
+            norm_output=recipe.norm_output, ttt_steps=cfg.ttt_steps)
     return model.float()
 
 
@@ -109,10 +114,29 @@ class PeerData:
         return batch
 
 
+def peer_step(model, data: PeerData, rows: Sequence[int], cfg: PeerConfig, loss_config) -> tuple[float, float, int]:
+    """Forward and backward of one step's ``rows``: packed into one sequence (speculators' way), or with
+    ``cfg.pack`` off one row at a time, each row's loss divided by the row count. Returns ``(step 0's KL,
+    step 0's top-1 agreement, real tokens)`` (speculators' own per-step metrics)."""
+    groups = [list(rows)] if cfg.pack else [[r] for r in rows]
+    loss0, hits, total, tokens = 0.0, 0.0, 0.0, 0
+    for group in groups:
+        batch = data.batch(group)
+        tokens += int((batch["document_ids"] != -1).sum())
+        _drafts, loss, metrics = model(**batch, ttt_steps=cfg.ttt_steps, ttt_step_loss_decay=cfg.step_weight,
+                                       loss_config=loss_config)
+        (loss / len(groups)).backward()
+        loss0 += float(metrics["loss_0_sum"]) / len(groups)
+        hits += float(metrics["full_acc_0_sum"])
+        total += float(metrics["full_acc_0_total"])
+    return loss0, hits / max(1.0, total), tokens
+
+
 def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[Sequence[int]]) -> dict:
     """Train speculators' drafter on ``batches`` (Arrow row indices per step, ``cfg.steps`` of them) and save it
     with its own ``save_pretrained`` into ``cfg.out/drafter``. Returns ``{losses, acc0, seconds, tokens,
-    train_tokens_per_s, drafter}`` (``losses``: step 0's KL per step; ``acc0``: step 0's top-1 agreement) (tokens: real, unpadded tokens fed to the model; seconds: the loop only)."""
+    train_tokens_per_s, drafter}`` (``losses``: step 0's KL per step; ``acc0``: step 0's top-1 agreement per step;
+    tokens: real, unpadded tokens fed to the model; seconds: the loop only)."""
     from speculators.losses import resolve_loss_config
 
     model = build_model(cfg, aux_layer_ids)
@@ -122,22 +146,19 @@ def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(cfg.steps, cfg.warmup))
     model.train()
-    losses, tokens, full_acc0 = [], 0, []
+    losses, tokens, acc0 = [], 0, []
     start = time.perf_counter()
     for rows in batches[: cfg.steps]:
-        batch = data.batch(rows)
-        tokens += int((batch["document_ids"] != -1).sum())
-        _drafts, loss, metrics = model(**batch, ttt_steps=cfg.ttt_steps, ttt_step_loss_decay=cfg.step_weight,
-                                       loss_config=loss_config)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss0, acc, n = peer_step(model, data, rows, cfg, loss_config)
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
         optimizer.step()
         scheduler.step()
-        losses.append(float(metrics["loss_0_sum"]))  # step 0's KL (speculators' own per-step metric)
-        full_acc0.append(float(metrics["full_acc_0_sum"]) / max(1.0, float(metrics["full_acc_0_total"])))
+        losses.append(loss0)
+        acc0.append(acc)
+        tokens += n
     seconds = time.perf_counter() - start
     out = Path(cfg.out) / "drafter"
     model.save_pretrained(str(out))
-    return {"losses": losses, "acc0": full_acc0, "seconds": seconds, "tokens": tokens,
+    return {"losses": losses, "acc0": acc0, "seconds": seconds, "tokens": tokens,
             "train_tokens_per_s": tokens / seconds if seconds else None, "drafter": str(out)}

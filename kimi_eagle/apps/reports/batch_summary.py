@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from kimi_eagle.apps.reports.toolkit import figure, html_page, linked_figures, save
+from kimi_eagle.apps.reports.toolkit import figure, html_page, linked_figures, save, verdict_color
 from kimi_eagle.apps.reports.toolkit import title as chart_title
 from kimi_eagle.io import atomic_path, write_text
 
@@ -155,7 +155,8 @@ def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:
     left = [0.0] * len(labels)
     for col in cols:
         values = [float(_native(v)) if _is_number(v) else 0.0 for v in df[col]]
-        bars = ax.barh(labels, values, left=left, label=readable(col.rsplit(".", 1)[1]))
+        bars = ax.barh(labels, values, left=left, label=readable(col.rsplit(".", 1)[1]),
+                       color=verdict_color(col.rsplit(".", 1)[1]))  # the reports' colours for verdicts
         ax.bar_label(bars, labels=[_fmt(v) if v else "" for v in values], fontsize=8, label_type="center")
         left = [a + b for a, b in zip(left, values)]
     ax.invert_yaxis()

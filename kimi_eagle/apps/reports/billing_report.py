@@ -33,10 +33,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kimi_eagle.apps.reports.toolkit import (
+    SIGN_CONVENTION,
+    VERDICT_COLORS,
     chart_embedder,
+    count_axis,
     draw_charts,
     evidence_title,
     figure,
+    finding,
     html_page,
     html_table,
     left_out_paragraph,
@@ -54,8 +58,7 @@ from kimi_eagle.tokenize.tokenizer import Tokenizer
 EVIDENCE = "billing-only"
 EVIDENCE_TAG = "billing-only evidence"  # the second line of every chart title
 DATA_LABELS = ("real", "simulated")
-CLASS_COLORS = {"match": "#388e3c", "explained": "#1976d2", "unexplained": "#d32f2f", "no_billing": "#9e9e9e",
-                "error": "#424242"}
+CLASS_COLORS = {c: VERDICT_COLORS[c] for c in ("match", "explained", "unexplained", "no_billing", "error")}  # the one scheme
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -167,15 +170,16 @@ def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
         cls = b["verdict"].map(verdict_class)
         groups = [(c, b.loc[cls == c, "billing_delta"].clip(-20, 20)) for c in ("match", "explained", "unexplained")]
         groups = [(c, d) for c, d in groups if len(d)]
-        ax.hist([d for _, d in groups], bins=bins, stacked=True, color=[CLASS_COLORS[c] for c, _ in groups],
-                label=[f"{c} ({len(d):,})" for c, d in groups])
-        ax.set_yscale("symlog", linthresh=10)
+        counts, _, _ = ax.hist([d for _, d in groups], bins=bins, stacked=True, color=[CLASS_COLORS[c] for c, _ in groups],
+                               label=[f"{c} ({len(d):,})" for c, d in groups])
+        count_axis(ax, float(np.max(counts)))  # linear for small counts (a symlog axis of 0 and 4 says nothing)
         ax.legend(fontsize=8)
     else:
         no_data(ax, "billed records")
+        ax.set_ylabel("records")
     evidence_title(ax, f"Billed − reconstructed completion tokens per record ({len(b):,} billed; clipped ±20)", data,
                    EVIDENCE_TAG)
-    ax.set(xlabel="usage.completion_tokens − reconstructed tokens", ylabel="records (symlog)")
+    ax.set(xlabel="billed (usage.completion_tokens) − reconstructed tokens")
     return save(fig, path)
 
 
@@ -325,6 +329,15 @@ BANNER = ("<p class='banner'><b>Billing-only evidence.</b> No engine token IDs w
           "(<code>kimi-eagle diff --engine</code>) sees IDs. Data: <b>{data}</b>.</p>")
 
 
+def billing_finding(summary: dict[str, Any]) -> str:
+    """The page's one-line finding in plain words, from the verdict classes."""
+    c = summary["verdict_class"]
+    n = summary["n_records"]
+    return (f"of {n:,} records, the provider's billed count equals the reconstruction for {c.get('match', 0):,}, differs by a "
+            f"known provider convention for {c.get('explained', 0):,}, and differs unexplained for {c.get('unexplained', 0):,}"
+            f" ({c.get('no_billing', 0):,} without a usable billed count, {c.get('error', 0):,} errors).")
+
+
 def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame | str] | None = None,
                 notes: list[dict[str, Any]] | None = None) -> str:
     """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
@@ -344,7 +357,8 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
                                        "stands without them (<code>summary.json[\"left_out\"]</code>).")
     return html_page("kimi-eagle billing-only report", [
         f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
-        BANNER.format(data=html.escape(data)), *left_out, *body,
+        finding(html.escape(billing_finding(summary))),
+        BANNER.format(data=html.escape(data)), f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>", *left_out, *body,
     ], "billing")
 
 # --------------------------------------------------------------------------------------------

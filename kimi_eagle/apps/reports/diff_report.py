@@ -16,6 +16,7 @@ counts what was left out (``left_out``) and lists why; the report shows the same
 """
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -25,9 +26,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from kimi_eagle.apps.reports.toolkit import (
+    SIGN_CONVENTION,
+    VERDICT_COLORS,
     chart_embedder,
+    count_axis,
     draw_charts,
     figure,
+    finding,
     html_page,
     html_table,
     left_out_section,
@@ -57,12 +62,13 @@ from kimi_eagle.io import write_text
 if TYPE_CHECKING:
     from kimi_eagle.tokenize.tokenizer import Tokenizer
 
-VERDICT_COLORS = {"exact": "#388e3c", "bpe_split": "#1976d2", "semantic": "#d32f2f"}
 DATA_NOTES = {
     "simulated": "SIMULATED data: a labelled benchmark with injected effects; its rates measure the classifier, "
                  "not how often real reconstructions differ (they are set by how many effects were injected).",
     "real": "REAL data: engine token IDs against IDs reconstructed from the API text for the same generations.",
 }
+BILLING_HEADERS = {"delta": "delta (billed − reconstructed)", "explained_by_hunks": "explained by hunks (engine − reconstructed)",
+                   "unexplained": "unexplained (billed − engine)"}
 CHARTS = ("mismatch_rate_by_dataset", "verdicts", "hunk_sizes", "token_delta", "first_divergence", "billing", "confusion")
 Image = Callable[[str, str], str]
 
@@ -158,14 +164,16 @@ def chart_token_delta(records: pd.DataFrame, data: str | None = None) -> Figure:
     diff = ok[ok["verdict"] != "exact"]
     fig, ax = figure((8.5, 4.2))
     if len(diff):
-        d = diff["token_delta"].clip(-20, 20)
+        d = (-diff["token_delta"]).clip(-20, 20)  # the stored token_delta is reconstructed − engine
         counts, _, bars = ax.hist(d, bins=np.arange(-20.5, 21.5), color="#6a1b9a",
                                   label=f"differing records ({len(diff):,})")
         ax.bar_label(bars, labels=[f"{int(c)}" if c else "" for c in counts], fontsize=7, padding=1)
         ax.legend(fontsize=8)
+        count_axis(ax, float(max(counts)))
     else:
         no_data(ax, "differing records")
-    ax.set(xlabel="reconstructed tokens − engine tokens (clipped at ±20)", ylabel="records")
+        ax.set_ylabel("records")
+    ax.set(xlabel="engine tokens − reconstructed tokens (clipped at ±20)")
     title(ax, f"Token-count delta per differing record ({len(diff):,} records)", data)
     fig.tight_layout()
     return fig
@@ -341,9 +349,10 @@ def _billing_html(summary: dict[str, Any], image: Image) -> list[str]:
     by_class = pd.DataFrame([bill["explained_by_class"]]) if bill["explained_by_class"] else pd.DataFrame([{"none": 0}])
     return [
         "<h2>Billing reconciliation</h2>",
-        html_table(pd.DataFrame([{k: v for k, v in bill.items() if not isinstance(v, dict)}])),
+        html_table(pd.DataFrame([{BILLING_HEADERS.get(k, k): v for k, v in bill.items() if not isinstance(v, dict)}])),
         "<p>Explained by hunk class (engine − reconstructed tokens):</p>", html_table(by_class),
-        "<p>Reasoning tokens:</p>", html_table(pd.DataFrame([bill["reasoning"]])), image("billing", "billing"),
+        "<p>Reasoning tokens:</p>", html_table(pd.DataFrame([{BILLING_HEADERS.get(k, k): v for k, v in bill["reasoning"].items()}])),
+        image("billing", "billing"),
     ]
 
 
@@ -366,6 +375,16 @@ def _errors_html(summary: dict[str, Any]) -> list[str]:
     return ["<h2>Errors (first 20)</h2>", html_table(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
 
 
+def diff_finding(summary: dict[str, Any]) -> str:
+    """The page's one-line finding in plain words, from the summary's verdict counts."""
+    v = summary["verdict"]
+    n = sum(v.values())
+    if not n:
+        return f"no record could be compared ({summary['n_records']:,} records, none with both engine and reconstructed IDs)."
+    return (f"of {n:,} records compared, {v['exact']:,} have identical token IDs, {v['bpe_split']:,} the same bytes "
+            f"split into other tokens, and {v['semantic']:,} differ in bytes or a special token.")
+
+
 def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, Path],
                 tok: "Tokenizer | None" = None, notes: list[dict[str, Any]] | None = None) -> str:
     """The self-contained report. Each section is rendered on its own: one that fails becomes a visible note
@@ -385,7 +404,9 @@ def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, P
         body += section(notes, name, build)
     return html_page(f"kimi-eagle diff report ({data} data)", [
         f"<h1>Engine IDs vs reconstructed IDs — {data} data</h1>",
+        finding(html.escape(diff_finding(summary))),
         f"<p class='data {data}'>{DATA_NOTES.get(data, data)}</p>",
+        f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>",
         *_left_out_html(notes), *body,
     ], "report")
 def write_report(result: DiffResult, out_dir: str | Path, data: str | None = None,

@@ -23,6 +23,35 @@ from kimi_eagle.io import write_figure
 
 Notes = list[dict[str, Any]]
 
+# one verdict colour scheme on every page and chart: agreement green, a benign difference (same bytes, or a known
+# provider convention) blue, a real difference red, not counted grey
+VERDICT_COLORS = {"exact": "#388e3c", "match": "#388e3c", "bpe_split": "#1976d2", "explained": "#1976d2",
+                  "semantic": "#d32f2f", "unexplained": "#d32f2f", "no_billing": "#9e9e9e", "missing_engine": "#9e9e9e",
+                  "missing_api": "#9e9e9e", "error": "#424242"}
+# one sign convention on every page: stated at the top, and in every axis label and table header that shows a difference
+SIGN_CONVENTION = ("Differences on this page are reference − reconstructed (engine − reconstructed tokens, billed − "
+                   "reconstructed tokens): positive means the reconstruction has fewer tokens.")
+SMALL_COUNTS = 200  # a histogram whose tallest bar is at most this stays on a linear axis
+
+
+def verdict_color(name: Any) -> str | None:
+    """The colour of a verdict (``exact``, ``explained:CONVENTION``, ``verdict › semantic``, ...), or None."""
+    key = str(name).split(" › ")[-1].split(":")[0].strip()
+    return VERDICT_COLORS.get(key)
+
+
+def count_axis(ax: Any, tallest: float, label: str = "records") -> None:
+    """A count axis: linear while the tallest bar is at most :data:`SMALL_COUNTS`, else symlog (said in the label)."""
+    if tallest > SMALL_COUNTS:
+        ax.set_yscale("symlog", linthresh=10)
+        label += " (symlog)"
+    ax.set_ylabel(label)
+
+
+def finding(text_html: str) -> str:
+    """The one-line plain-language finding at the top of a page (``text_html`` already escaped)."""
+    return f"<p class='finding'><b>Finding:</b> {text_html}</p>"
+
 # --------------------------------------------------------------------------------------------
 # figures
 
@@ -33,11 +62,20 @@ def figure(figsize: tuple[float, float], ncols: int = 1) -> tuple[Figure, Any]:
     return fig, fig.subplots(1, ncols)
 
 
+DATA_TAGS = {"simulated": "[SIMULATED data]", "real": "[REAL data]",
+             "toy": "[REAL engine, toy model (not Kimi's rates)]"}  # "toy": tiny-kimi, a barely trained model
+
+
+def data_tag(data: str) -> str:
+    """The tag every chart of ``data`` carries: :data:`DATA_TAGS`, else ``[<DATA> data]``."""
+    return DATA_TAGS.get(data, f"[{data.upper()} data]")
+
+
 def title(ax: Any, text: str, data: str | None = None, fontsize: float = 10.5, wrap_to: str = "axes") -> None:
-    """Set ``ax``'s title, prefixed with the data kind (``[SIMULATED data]`` / ``[REAL data]``) when ``data`` is
-    given, wrapped to the width of the axes (``wrap_to="axes"``) or of the figure (``"figure"``) so it is never
-    clipped."""
-    full = f"[{data.upper()} data] {text}" if data else text
+    """Set ``ax``'s title, prefixed with the data kind (:func:`data_tag`: ``[SIMULATED data]`` / ``[REAL data]`` /
+    the toy-model tag) when ``data`` is given, wrapped to the width of the axes (``wrap_to="axes"``) or of the
+    figure (``"figure"``) so it is never clipped."""
+    full = f"{data_tag(data)} {text}" if data else text
     fig = ax.figure
     width = ax.get_position().width if wrap_to == "axes" else 1.0
     chars = max(20, int(width * fig.get_figwidth() * 72 / (fontsize * 0.55)))
@@ -147,7 +185,11 @@ STYLESHEET = """\
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 h2{margin-top:1.6em}
 table.t{border-collapse:collapse;font-size:13px}
-table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right;max-width:420px;overflow-wrap:anywhere}
+table.t th{overflow-wrap:normal;word-break:keep-all;hyphens:none}
+table.t{max-width:100%;display:block;overflow-x:auto}
+.finding{font-size:16px;background:#f1f8e9;border-left:4px solid #558b2f;padding:6px 10px}
+.sign{color:#555;font-size:13px}
 img{max-width:100%;border:1px solid #eee}
 .data{padding:8px 12px;border-radius:4px;font-size:15px}
 .data.simulated{background:#fff3e0;border:2px solid #ef6c00}

@@ -2,7 +2,8 @@
 
 Each chart is drawn on its own :class:`matplotlib.figure.Figure` (pyplot and its backend are never touched):
 the function returns the figure (a notebook displays it) and, given ``path``, also writes it as a PNG
-(atomically). The numbers come from the library: :func:`~kimi_eagle.eagle3.train.read_history` entries,
+(atomically). Every chart carries its data tag (``data``: ``"real"`` by default — engine generations — or
+``"toy"`` for tiny-kimi, ``"simulated"``; see :func:`~kimi_eagle.apps.reports.toolkit.data_tag`). The numbers come from the library: :func:`~kimi_eagle.eagle3.train.read_history` entries,
 :func:`~kimi_eagle.eagle3.evaluate.tau_table` rows and :func:`~kimi_eagle.eagle3.ablation.run_ablation`'s table.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from kimi_eagle.apps.reports.toolkit import data_tag
 from kimi_eagle.eagle3.train import read_history
 from kimi_eagle.io import write_figure
 
@@ -31,7 +33,7 @@ def _saved(fig: Figure, path: str | Path | None) -> Figure:
 # training
 
 
-def plot_history(history: Sequence[dict], path: str | Path | None = None) -> Figure:
+def plot_history(history: Sequence[dict], path: str | Path | None = None, data: str = "real") -> Figure:
     """Loss and accuracy of every unroll step over one training run; also written to ``path`` (PNG,
     atomically) when given. Returns the figure."""
     steps = [h["step"] for h in history]
@@ -43,6 +45,7 @@ def plot_history(history: Sequence[dict], path: str | Path | None = None) -> Fig
     a1.set(title="soft cross-entropy per unroll step", xlabel="optimizer step", ylabel="loss")
     a2.set(title="top-1 agreement with the target (draft vocab)", xlabel="optimizer step", ylabel="accuracy", ylim=(0, 1))
     a2.legend(fontsize=7)
+    fig.suptitle(f"{data_tag(data)} drafter training", fontsize=10)
     fig.tight_layout()
     return _saved(fig, path)
 
@@ -58,7 +61,8 @@ def write_train_curves(train_dir: str | Path) -> Path | None:
     return train_dir / TRAIN_CURVES
 
 
-def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None) -> Figure:
+def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None,
+                   data: str = "real") -> Figure:
     """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
     per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
     ``train_log.jsonl`` path or its :func:`~kimi_eagle.eagle3.train.read_history` entries. Also written to
@@ -82,6 +86,7 @@ def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | 
     a_acc.set_title(f"agreement with the target\n({styles})", fontsize=10)
     a_loss.legend()
     a_acc.legend(fontsize=7, ncols=2)
+    fig.suptitle(f"{data_tag(data)} drafter training", fontsize=10)
     fig.tight_layout()
     return _saved(fig, path)
 
@@ -92,7 +97,7 @@ def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | 
 
 def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
              path: str | Path | None = None, intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
-             model: str = "") -> Figure:
+             model: str = "", data: str = "real") -> Figure:
     """Grouped bars of τ per decoding mode, one bar per row of a :func:`~kimi_eagle.eagle3.evaluate.tau_table`,
     with error bars from ``intervals`` (:func:`~kimi_eagle.eagle3.evaluate.tau_intervals`) where given;
     ``model`` (the target) is named in the title. Also written to ``path`` (PNG, atomically) when given.
@@ -112,7 +117,7 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
     ax.set_xticks([j + width * (len(table) - 1) / 2 for j in range(len(modes))], list(modes))
     ax.axhline(1, color="#999", linewidth=0.8)
     ax.margins(y=0.12)
-    heading = title or "acceptance length τ"
+    heading = f"{data_tag(data)} {title or 'acceptance length τ'}"
     if model:
         heading = f"{heading} — target {model}"
     if intervals:
@@ -128,7 +133,7 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
 # the ablation
 
 
-def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None) -> Figure:
+def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None, data: str = "real") -> Figure:
     """τ per arm with its 95 % bootstrap interval, one panel per decoding mode; also written to ``path``.
 
     A standalone ``Figure`` (no pyplot state): display it, or it is simply garbage-collected."""
@@ -145,13 +150,13 @@ def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None
         ax.scatter(taus, y, c=colors, zorder=3)
         ax.set_yticks(y, [r["arm"] for r in rows], fontsize=8)
         ax.set(xlabel="acceptance length τ (95% bootstrap interval)", title=f"{mode}")
-    fig.suptitle(title or "τ per arm (red: differs significantly from the reference)", fontsize=10)
+    fig.suptitle(f"{data_tag(data)} {title or 'τ per arm (red: differs significantly from the reference)'}", fontsize=10)
     fig.tight_layout()
     return _saved(fig, path)
 
 
 def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", title: str = "",
-                       path: str | Path | None = None) -> Figure:
+                       path: str | Path | None = None, data: str = "real") -> Figure:
     """τ against the injected re-segmentation rate (0 = the plain reconstructed-IDs arm), one line per
     decoding mode, with 95 % intervals; also written to ``path`` (a standalone ``Figure``)."""
     fig = Figure(figsize=(6, 3.6))
@@ -164,7 +169,7 @@ def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", t
                     marker="o", capsize=3, color=f"C{i}", label=mode)
     ax.set_xscale("symlog", linthresh=1)
     ax.set(xlabel="completion tokens re-segmented (%)", ylabel="τ (95% bootstrap interval)",
-           title=title or "τ against injected tokenization drift")
+           title=f"{data_tag(data)} {title or 'τ against injected tokenization drift'}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _saved(fig, path)

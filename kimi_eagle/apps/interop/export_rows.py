@@ -1,0 +1,371 @@
+"""export-data's row checks: which records become training rows, checked a whole Arrow batch at a time.
+
+A training row is ``input_ids`` = prompt IDs + completion IDs exactly as stored and ``loss_mask`` 1
+over the completion, cut at ``max_length``. :class:`ExportRows` holds the rows column-wise (flat
+numpy IDs and mask, offsets, source index and id per row).
+
+A parquet batch of reconstructed rows (or engine records with ``output_ids``) with integer list
+columns is checked with Arrow/numpy compute: status, drop flags, an empty completion, vocabulary
+bounds and the cut at ``max_length`` for every row at once. Every row those checks do not pass as
+plainly usable — and every JSONL record, and every ``{input_ids, loss_mask}`` row — goes through
+:func:`to_training_row`, the per-record rules, which decide its reason and detail. Nothing is
+coerced: IDs and mask values must be integers (a bool, float, string or infinity is ``malformed``,
+named), masks 0 or 1. The two paths give the same rows and reasons (tests/test_export_data_checks.py).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from kimi_eagle.io import read_jsonl
+from kimi_eagle.records import storable_text
+
+
+@dataclass
+class TrainingRow:
+    """One exported row: the source record's index and id, exact IDs and the completion mask."""
+
+    index: int
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+@dataclass
+class ExportStats:
+    """What happened to every input record."""
+
+    rows_in: int = 0
+    rows_written: int = 0
+    rows_truncated: int = 0
+    tokens_written: int = 0
+    supervised_tokens: int = 0
+    dropped: list[dict] = field(default_factory=list)
+
+    def drop(self, index: int, rid: str | None, reason: str, detail: str = "") -> None:
+        self.dropped.append({"index": index, "id": rid, "reason": reason, "detail": detail})
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        return dict(sorted(Counter(d["reason"] for d in self.dropped).items()))
+
+
+@dataclass(frozen=True)
+class RowRules:
+    """What a record needs to become a row: IDs below ``vocab_size``, cut at ``max_length`` (None: no cut),
+    no flag of ``drop_flags``."""
+
+    vocab_size: int
+    max_length: int | None = None
+    drop_flags: tuple[str, ...] = ()
+
+
+@dataclass
+class ExportRows:
+    """Training rows column-wise: ``offsets`` (n + 1) into the flat ``input_ids`` (the source's integer type,
+    int64 from JSONL) and ``loss_mask`` (int8)."""
+
+    index: np.ndarray
+    ids: list[str]
+    offsets: np.ndarray
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def row(self, k: int) -> TrainingRow:
+        a, b = int(self.offsets[k]), int(self.offsets[k + 1])
+        return TrainingRow(int(self.index[k]), self.ids[k], self.input_ids[a:b].tolist(), self.loss_mask[a:b].tolist())
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[TrainingRow]) -> "ExportRows":
+        lengths = np.array([len(r.input_ids) for r in rows], dtype=np.int64)
+        flat = lambda name, dtype: np.fromiter((v for r in rows for v in getattr(r, name)), dtype, int(lengths.sum()))  # noqa: E731
+        return cls(np.array([r.index for r in rows], dtype=np.int64), [r.id for r in rows],
+                   np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), flat("input_ids", np.int64),
+                   flat("loss_mask", np.int8))
+
+    @classmethod
+    def concat(cls, parts: Sequence["ExportRows"]) -> "ExportRows":
+        if not parts:
+            return cls.from_rows([])
+        starts = np.cumsum([0] + [len(p.input_ids) for p in parts[:-1]])
+        return cls(np.concatenate([p.index for p in parts]), [i for p in parts for i in p.ids],
+                   np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, starts)]).astype(np.int64),
+                   np.concatenate([p.input_ids for p in parts]), np.concatenate([p.loss_mask for p in parts]))
+
+
+# ------------------------------------------------------------------------------------------
+# one record (JSONL records, {input_ids, loss_mask} rows, and whatever the batch checks leave)
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
+
+
+def int_list(values: Any, name: str, mask: bool = False) -> list[int]:
+    """``values`` if it is a list of integers (a mask: of 0 and 1); ``_Malformed`` naming the first value that
+    is not — a bool, a float (5.0 and infinity too), a string — never a converted one."""
+    if not isinstance(values, (list, tuple)):
+        raise _Malformed(f"{name} is {'null' if values is None else 'a ' + type(values).__name__}, not a list")
+    for k, v in enumerate(values):
+        if type(v) is not int:
+            raise _Malformed(f"{name}[{k}] is {_shown(v)} ({type(v).__name__}), not an integer")
+        if mask and v not in (0, 1):
+            raise _Malformed(f"{name}[{k}] is {v}: loss_mask values must be 0 or 1")
+    return list(values)
+
+
+def _ids_and_mask(obj: dict) -> tuple[list[int], list[int]]:
+    if "input_ids" in obj:
+        ids = int_list(obj["input_ids"], "input_ids")
+        mask = int_list(obj["loss_mask"], "loss_mask", mask=True) if obj.get("loss_mask") is not None else [1] * len(ids)
+        return ids, mask
+    completion = obj.get("completion_ids", obj.get("output_ids"))
+    if completion is None:
+        raise _Malformed("no input_ids, completion_ids or output_ids")
+    name = "completion_ids" if "completion_ids" in obj else "output_ids"
+    prompt = int_list(obj.get("prompt_ids") or [], "prompt_ids")
+    completion = int_list(completion, name)
+    return prompt + completion, [0] * len(prompt) + [1] * len(completion)
+
+
+def to_training_row(index: int, obj: Any, *, vocab_size: int, max_length: int | None,
+                    drop_flags: Sequence[str] = ()) -> tuple[TrainingRow | None, str | None, str, bool]:
+    """``(row, None, "", truncated)`` or ``(None, reason, detail, False)`` for one input record.
+
+    Accepts a reconstructed row (``status``, ``prompt_ids``, ``completion_ids``, ``flags``), an engine
+    record (``prompt_ids``, ``output_ids``, ``error``) or a pre-tokenized ``{input_ids, loss_mask}`` row.
+    """
+    if not isinstance(obj, dict):
+        return None, "malformed", "record is not an object", False
+    rid = str(obj.get("id", index))
+    if not storable_text(rid):
+        return None, "malformed", "id is not valid Unicode (a lone surrogate)", False
+    if obj.get("status", "ok") != "ok" or (obj.get("error") and "status" not in obj):
+        return None, "status_error", str(obj.get("error") or obj.get("status")), False
+    flags = obj.get("flags") or []
+    flags = [f for f in (flags if isinstance(flags, list) else [flags]) if f in drop_flags]
+    if flags:
+        return None, f"flag:{flags[0]}", ",".join(flags), False
+    try:
+        ids, mask = _ids_and_mask(obj)
+    except _Malformed as e:
+        return None, "malformed", str(e), False
+    if len(ids) != len(mask):
+        return None, "malformed", f"input_ids ({len(ids)}) and loss_mask ({len(mask)}) differ in length", False
+    if not any(mask):
+        return None, "empty_completion", "no completion tokens", False
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        return None, "id_out_of_vocab", f"id {bad} outside [0, {vocab_size})", False
+    truncated = max_length is not None and len(ids) > max_length
+    if truncated:
+        ids, mask = ids[:max_length], mask[:max_length]
+        if not any(mask):
+            return None, "no_supervised_tokens", f"no completion token within the first {max_length} tokens", False
+    return TrainingRow(index, rid, ids, mask), None, "", truncated
+
+
+# ------------------------------------------------------------------------------------------
+# a parquet batch at a time
+
+
+def _int_list_column(batch: Any, name: str) -> Any:
+    """The column ``name`` if it is a list of integers, else None."""
+    import pyarrow as pa
+
+    if name not in batch.schema.names:
+        return None
+    col = batch.column(name)
+    return col if pa.types.is_list(col.type) and pa.types.is_integer(col.type.value_type) else None
+
+
+def _lengths(col: Any) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _id_columns(batch: Any) -> tuple[Any, Any] | None:
+    """``(prompt or None, completion)`` integer list columns of a reconstructed-row or engine-record batch;
+    None for any other shape (``input_ids`` rows, IDs that are not integers by type)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    cname = "completion_ids" if "completion_ids" in names else "output_ids"
+    prompt, completion = _int_list_column(batch, "prompt_ids"), _int_list_column(batch, cname)
+    if "input_ids" in names or completion is None or ("prompt_ids" in names and prompt is None):
+        return None
+    if any(name in names and not pa.types.is_string(batch.schema.field(name).type) for name in ("status", "error")):
+        return None
+    return prompt, completion
+
+
+def _plain(batch: Any, rules: RowRules) -> np.ndarray | None:
+    """Which rows of a reconstructed-row batch are plainly usable (ok status, no drop flag, a non-empty
+    completion, every ID in the vocabulary, a supervised token left after the cut); None when the batch's
+    shape needs the per-record rules."""
+    import pyarrow.compute as pc
+
+    columns = _id_columns(batch)
+    if columns is None:
+        return None
+    (prompt, completion), names, n = columns, batch.schema.names, batch.num_rows
+    plain = completion.is_valid().to_numpy(zero_copy_only=False) & (_lengths(completion) > 0)
+    if "status" in names:
+        plain &= pc.fill_null(pc.equal(batch.column("status"), "ok"), False).to_numpy(zero_copy_only=False)
+    elif "error" in names:
+        plain &= batch.column("error").is_null().to_numpy(zero_copy_only=False)
+    if "flags" in names and rules.drop_flags:
+        flags = batch.column("flags")
+        if not (hasattr(flags.type, "value_type") and str(flags.type.value_type) == "string"):
+            return None
+        hit = pc.fill_null(pc.is_in(pc.list_flatten(flags), value_set=_strings(rules.drop_flags)), False)
+        parents = pc.list_parent_indices(flags).to_numpy(zero_copy_only=False)
+        plain &= np.bincount(parents[hit.to_numpy(zero_copy_only=False)], minlength=n) == 0
+    p_len = _lengths(prompt) if prompt is not None else np.zeros(n, dtype=np.int64)
+    for col in (prompt, completion):
+        if col is not None:
+            values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+            bad = (values < 0) | (values >= rules.vocab_size)
+            plain &= np.bincount(pc.list_parent_indices(col).to_numpy(zero_copy_only=False)[bad], minlength=n) == 0
+    if rules.max_length is not None:
+        plain &= p_len < rules.max_length
+    return plain
+
+
+def _strings(values: Sequence[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(list(values), pa.string())
+
+
+def _as_list(col: Any, value_type: Any) -> Any:
+    """A list column without nulls (a null list is an empty one), values cast to ``value_type``."""
+    import pyarrow as pa
+
+    col = pa.concat_arrays(col.chunks) if isinstance(col, pa.ChunkedArray) else col
+    return pa.ListArray.from_arrays(col.offsets, col.values.cast(value_type))
+
+
+def _assemble(prompt: Any, completion: Any, max_length: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Prompt + completion per row, cut at ``max_length``: ``(offsets, input_ids, loss_mask, rows truncated)``.
+    The two lists of a row are put side by side with one ``take`` (row k's prompt, then its completion) and
+    flattened: the IDs are copied once, in C."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(completion)
+    value_type = completion.type.value_type if prompt is None or prompt.type == completion.type else pa.int64()
+    parts = [_as_list(completion, value_type)] if prompt is None else [_as_list(prompt, value_type),
+                                                                      _as_list(completion, value_type)]
+    order = np.arange(n * len(parts), dtype=np.int64).reshape(len(parts), n).T.reshape(-1)
+    side_by_side = pa.concat_arrays(parts).take(pa.array(order))
+    lengths = np.diff(side_by_side.offsets.to_numpy()).reshape(n, len(parts))
+    total = lengths.sum(axis=1)
+    ids = side_by_side.flatten()
+    mask = np.repeat(np.tile(np.arange(2 - len(parts), 2, dtype=np.int8), n), lengths.reshape(-1))
+    offsets = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
+    if max_length is None or not (total > max_length).any():
+        return offsets, ids.to_numpy(), mask, 0
+    ids_list = pc.list_slice(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), ids), 0, max_length)
+    mask_list = pc.list_slice(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(mask)), 0, max_length)
+    cut = np.minimum(total, max_length)
+    return (np.concatenate([[0], np.cumsum(cut)]).astype(np.int64), ids_list.flatten().to_numpy(),
+            mask_list.flatten().to_numpy(), int((cut < total).sum()))
+
+
+def _row_ids(batch: Any, index: np.ndarray) -> list[str]:
+    """``str(record.get("id", index))`` for every row of ``batch`` (source indices ``index``)."""
+    if "id" not in batch.schema.names:
+        return [str(int(k)) for k in index]
+    return [str(v) for v in batch.column("id").to_pylist()]
+
+
+def check_batch(batch: Any, index0: int, rules: RowRules, stats: ExportStats) -> ExportRows:
+    """The training rows of one parquet batch (source indices from ``index0``); every other record is
+    counted in ``stats`` as dropped with its reason (the per-record rules decide it)."""
+    stats.rows_in += batch.num_rows
+    found = _plain(batch, rules)
+    plain = found if found is not None else np.zeros(batch.num_rows, dtype=bool)
+    others = np.flatnonzero(~plain)
+    kept = []
+    for k, obj in zip(others, batch.take(others).to_pylist() if len(others) else []):
+        row, reason, detail, truncated = to_training_row(index0 + int(k), obj, vocab_size=rules.vocab_size,
+                                                         max_length=rules.max_length, drop_flags=rules.drop_flags)
+        if row is None:
+            rid = obj.get("id") if isinstance(obj, dict) else None
+            stats.drop(index0 + int(k), None if rid is None else str(rid), reason or "malformed", detail)
+        else:
+            kept.append((row, truncated))
+    if kept:  # a usable row the batch checks did not pass (an unusual shape): the whole batch record by record
+        stats.rows_in -= batch.num_rows
+        stats.dropped = [d for d in stats.dropped if d["index"] < index0]
+        return _rows_one_by_one(((index0 + k, obj, None) for k, obj in enumerate(batch.to_pylist())), rules, stats)
+    import pyarrow as pa
+
+    if not plain.any():
+        return ExportRows.from_rows([])
+    chosen = batch.filter(pa.array(plain))
+    prompt, completion = _id_columns(chosen)
+    offsets, ids, mask, truncated = _assemble(prompt, completion, rules.max_length)
+    index = np.flatnonzero(plain).astype(np.int64) + index0
+    rows = ExportRows(index, _row_ids(chosen, index), offsets, ids, mask)
+    _count(stats, rows, truncated)
+    return rows
+
+
+def _count(stats: ExportStats, rows: ExportRows, truncated: int) -> None:
+    stats.rows_written += len(rows)
+    stats.rows_truncated += truncated
+    stats.tokens_written += len(rows.input_ids)
+    stats.supervised_tokens += int(rows.loss_mask.sum())
+
+
+def _rows_one_by_one(records: Iterator[tuple[int, Any, str | None]], rules: RowRules, stats: ExportStats) -> ExportRows:
+    rows: list[TrainingRow] = []
+    truncated_rows = 0
+    for index, obj, error in records:
+        stats.rows_in += 1
+        rid = obj.get("id") if isinstance(obj, dict) else None
+        if error:
+            stats.drop(index, rid, "malformed", error)
+            continue
+        row, reason, detail, truncated = to_training_row(index, obj, vocab_size=rules.vocab_size,
+                                                         max_length=rules.max_length, drop_flags=rules.drop_flags)
+        if row is None:
+            stats.drop(index, None if rid is None else str(rid), reason or "malformed", detail)
+            continue
+        rows.append(row)
+        truncated_rows += truncated
+    out = ExportRows.from_rows(rows)
+    _count(stats, out, truncated_rows)
+    return out
+
+
+def collect_rows(path: Any, *, vocab_size: int, max_length: int | None = None, drop_flags: Sequence[str] = (),
+                 batch_rows: int = 4096) -> tuple[ExportRows, ExportStats]:
+    """Every usable row of ``path`` (``.parquet``: batch checks; ``.jsonl``: record by record) and the stats
+    accounting for every record."""
+    from pathlib import Path
+
+    rules, stats, path = RowRules(vocab_size, max_length, tuple(drop_flags)), ExportStats(), Path(path)
+    if path.suffix != ".parquet":
+        records = ((k, line.obj, line.error) for k, line in enumerate(read_jsonl(path)))
+        return _rows_one_by_one(records, rules, stats), stats
+    import pyarrow.parquet as pq
+
+    parts, index0 = [], 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+        parts.append(check_batch(batch, index0, rules, stats))
+        index0 += batch.num_rows
+    return ExportRows.concat(parts), stats

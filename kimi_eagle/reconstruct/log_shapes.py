@@ -1,0 +1,101 @@
+"""The shapes people log chat completions in, read as one API record ``{"id", "request", "response"}``.
+
+Accepted (one object per JSONL line, or the items of a JSON array for ``kimi-eagle convert``):
+
+- ``{"id"?, "request": {...}, "response": {...}}`` — the kit's API record (``kimi-eagle collect`` writes it);
+  ``"completion"`` is read as another name for ``"response"``;
+- ``{"model", "messages", "tools"?, ..., "response": {...}}`` — the request's fields themselves beside the
+  response, e.g. ``{**kwargs, "response": client.chat.completions.create(**kwargs).model_dump()}``;
+- the response may be the OpenAI SDK's ``model_dump()`` (``null`` fields included) or OpenRouter's response
+  JSON (``provider``, ``native_finish_reason``, ``reasoning``, ``usage.cost``): it is kept as it is, so
+  ``usage``, ``provider``, ``finish_reason`` and ``model`` reach ``reconstruct`` and ``billing`` unchanged.
+
+The id is the record's own string ``id``; without one, the response's ``id`` (the provider's generation id,
+``chatcmpl-…``/``gen-…``); without either, ``log:`` and 16 hex digits of the SHA-256 of the request and
+response (stable across reruns); ``id_from`` says which (``"response.id"`` / ``"content sha256"``). A bare
+response (no request) is refused with a message: its prompt cannot be rendered. Raises
+:class:`LogShapeError` for anything else.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+RESPONSE_KEYS = ("response", "completion")
+RECORD_KEYS = ("id", "dataset", "request", "error", "id_from", *RESPONSE_KEYS)  # not request fields when flat
+ACCEPTED = ("{request, response}", "{model, messages, tools?, response} (request fields beside the response)")
+
+
+class LogShapeError(ValueError):
+    """A logged item is none of the accepted shapes; the message names what it has and what is missing."""
+
+
+def is_api_log(item: Any) -> bool:
+    """Whether ``item`` carries a response (any accepted shape), not a bare conversation of ``messages``."""
+    return isinstance(item, dict) and any(isinstance(item.get(k), dict) for k in RESPONSE_KEYS)
+
+
+def _response(item: dict) -> dict:
+    for key in RESPONSE_KEYS:
+        if isinstance(item.get(key), dict):
+            return item[key]
+    if "choices" in item:
+        raise LogShapeError("a chat.completion response without its request: log the request beside it, "
+                            'as {"request": {...}, "response": {...}}')
+    raise LogShapeError(f"no response object (fields: {', '.join(sorted(map(str, item))) or 'none'}; "
+                        f"accepted: {'; '.join(ACCEPTED)})")
+
+
+def _request(item: dict, response: dict) -> dict:
+    if "request" in item:
+        if not isinstance(item["request"], dict):
+            raise LogShapeError(f"request is a {type(item['request']).__name__}, not an object")
+        request = dict(item["request"])
+    elif "messages" in item:
+        request = {k: v for k, v in item.items() if k not in RECORD_KEYS}
+    else:
+        raise LogShapeError("a response without its request (no `request` object and no `messages` beside it)")
+    if "model" not in request and isinstance(response.get("model"), str):
+        request["model"] = response["model"]
+    return request
+
+
+def api_record_from_log(item: Any, dataset: str | None = None) -> dict:
+    """``{"id", "dataset"?, "request", "response", "id_from"?}`` of one logged completion (see the module)."""
+    if not isinstance(item, dict):
+        raise LogShapeError(f"a logged completion is a JSON object, not a {type(item).__name__}")
+    response = _response(item)
+    request = _request(item, response)
+    record: dict[str, Any] = {}
+    rid = item.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise LogShapeError(f"id is a {type(rid).__name__}, not a string")
+    if rid:
+        record["id"] = rid
+    elif isinstance(response.get("id"), str) and response["id"]:
+        record["id"], record["id_from"] = response["id"], "response.id"
+    else:
+        canonical = json.dumps([request, response], sort_keys=True, ensure_ascii=False, default=str)
+        digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        record["id"], record["id_from"] = f"log:{digest}", "content sha256"
+    dataset = item.get("dataset", dataset)
+    if dataset is not None:
+        record["dataset"] = dataset
+    record.update(request=request, response=response)
+    return record
+
+
+def as_api_record(record: Any) -> Any:
+    """What ``kimi-eagle reconstruct`` reads of one JSONL record: ``record`` itself when it is already
+    ``{"id", "request", "response"}`` or no logged completion at all (its own checks then say what is wrong);
+    else :func:`api_record_from_log` of it — but a record with no id of its own or of its response stays as it
+    is (an error row: a reconstructed row has no place to say its id was made; ``convert`` makes and records one)."""
+    if not is_api_log(record) or (isinstance(record.get("id"), str) and isinstance(record.get("request"), dict)
+                                  and isinstance(record.get("response"), dict)):
+        return record
+    try:
+        shaped = api_record_from_log(record)
+    except LogShapeError:
+        return record
+    return record if shaped.get("id_from") == "content sha256" else shaped

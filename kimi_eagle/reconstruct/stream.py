@@ -1,0 +1,292 @@
+"""Streamed chat completions: the SSE wire format and the assembly of chunks into one ``chat.completion``.
+
+Wire format (OpenAI, OpenRouter): events of ``data: {json}`` lines ended by a blank line, comment
+lines starting with ``:`` (OpenRouter's ``: OPENROUTER PROCESSING`` keep-alives), and ``data: [DONE]``
+at the end. :class:`SSEDecoder` reads it incrementally from bytes (LF, CRLF or CR line ends); a
+``data:`` line that follows a complete JSON payload without the blank line between them (logged
+streams often drop it) starts a new event.
+
+Assembly (:class:`StreamAssembler`, :func:`assemble_chunks`): ``choices[].delta`` fragments are merged
+per choice ``index`` -- strings (``content``, ``reasoning``, ``reasoning_content``, ``refusal``)
+concatenated, ``tool_calls`` merged by their ``index`` (id, type and name from the fragments that
+carry them, ``arguments`` concatenated), ``reasoning_details`` blocks merged by their ``index`` (text
+fields concatenated) or appended when they have none, ``logprobs`` lists concatenated; the last non-null
+``finish_reason``/``native_finish_reason`` and ``usage`` win; other fields keep their first non-null
+value. Key order is fixed so that a stream and the non-streaming answer with the same content give the
+same bytes: the response's keys as OpenRouter writes them (``id, provider, model, object, created, choices``,
+then any others in first-seen order, ``usage`` last; ``object`` becomes ``chat.completion``), each
+choice as ``logprobs, finish_reason, native_finish_reason, index, message`` then any other keys, the
+message as ``role, content, refusal, reasoning, reasoning_content, reasoning_details, tool_calls`` then
+any other keys. A message key appears when some delta carried it (``null`` included); tool calls lose
+their per-fragment ``index``. A chunk carrying ``error`` (OpenRouter's mid-stream error event) is kept
+in :attr:`StreamAssembler.error`; nothing is coerced: a fragment of the wrong type is a
+:class:`StreamError` naming the chunk.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+DONE = "[DONE]"
+TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
+TOP_ORDER = ("id", "provider", "model", "object", "created", "choices")  # then others first-seen, ``usage`` last
+CHOICE_ORDER = ("logprobs", "finish_reason", "native_finish_reason", "index", "message")
+MESSAGE_ORDER = ("role", "content", "refusal", "reasoning", "reasoning_content", "reasoning_details", "tool_calls")
+PER_CHUNK_FIELDS = ("obfuscation",)  # random padding OpenAI adds to each chunk: not part of the answer
+LAST_WINS = ("finish_reason", "native_finish_reason")
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+class StreamError(ValueError):
+    """A chunk that cannot be merged (a fragment of the wrong type, a choice without an index)."""
+
+
+@dataclass
+class SSEEvent:
+    data: str | None  # the joined ``data:`` lines; None for a comment
+    comment: str | None = None
+
+
+class SSEDecoder:
+    """Incremental SSE parser: ``feed(bytes)`` returns the events completed so far; ``close()`` the last one."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[str] = []
+        self.comments = 0
+
+    def feed(self, data: bytes) -> list[SSEEvent]:
+        buffer = self._buffer + data
+        events: list[SSEEvent] = []
+        pos = 0
+        for m in _EOL.finditer(buffer):
+            if m.group() == b"\r" and m.end() == len(buffer):  # a CR may be half a CRLF: wait for the next byte
+                break
+            self._line(buffer[pos:m.start()].decode("utf-8", "surrogateescape"), events)
+            pos = m.end()
+        self._buffer = buffer[pos:]
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        if self._buffer:
+            self._line(self._buffer.decode("utf-8", "surrogateescape"), events)
+            self._buffer = b""
+        self._dispatch(events)
+        return events
+
+    def _line(self, line: str, events: list[SSEEvent]) -> None:
+        if not line:
+            self._dispatch(events)
+        elif line.startswith(":"):
+            if self._data and _complete_json("\n".join(self._data)):
+                self._dispatch(events)  # keep the order of a logged stream without blank lines
+            self.comments += 1
+            events.append(SSEEvent(None, line[1:].strip()))
+        else:
+            name, _, value = line.partition(":")
+            if name == "data":
+                value = value[1:] if value.startswith(" ") else value
+                if self._data and _complete_json("\n".join(self._data)):
+                    self._dispatch(events)  # a logged stream without the blank line between events
+                self._data.append(value)
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        if self._data:
+            events.append(SSEEvent("\n".join(self._data)))
+            self._data = []
+
+
+def _complete_json(text: str) -> bool:
+    if text.strip() == DONE:
+        return True
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_sse(data: bytes) -> list[SSEEvent]:
+    """Every event of a whole SSE body (comments included)."""
+    decoder = SSEDecoder()
+    return decoder.feed(data) + decoder.close()
+
+
+def _concat(old: Any, new: Any, where: str) -> Any:
+    if new is None:
+        return old
+    if not isinstance(new, str) or not (old is None or isinstance(old, str)):
+        raise StreamError(f"{where}: expected a string fragment, got {type(new).__name__}")
+    return new if old is None else old + new
+
+
+def _merge_indexed(items: list[dict], fragments: Any, where: str, text_keys: tuple[str, ...]) -> None:
+    """Merge ``fragments`` (a list of dicts, each with an optional ``index``) into ``items`` in place."""
+    if not isinstance(fragments, list):
+        raise StreamError(f"{where}: expected a list, got {type(fragments).__name__}")
+    for frag in fragments:
+        if not isinstance(frag, dict):
+            raise StreamError(f"{where}: expected objects, got {type(frag).__name__}")
+        index = frag.get("index")
+        target = next((it for it in items if index is not None and it.get("index") == index), None)
+        if target is None:
+            items.append(target := {})
+        for key, value in frag.items():
+            if key in text_keys:
+                target[key] = _concat(target.get(key), value, f"{where}.{key}")
+            elif key == "function":
+                if not isinstance(value, dict):
+                    raise StreamError(f"{where}.function: expected an object, got {type(value).__name__}")
+                fn = target.setdefault("function", {})
+                for k, v in value.items():
+                    fn[k] = _concat(fn.get(k), v, f"{where}.function.{k}") if k == "arguments" else (
+                        fn.get(k) if v is None else v)
+            elif target.get(key) is None:
+                target[key] = value
+
+
+class _Choice:
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.message: dict[str, Any] = {}
+        self.tool_calls: list[dict] = []
+        self.details: list[dict] = []
+
+    def add(self, choice: dict, where: str) -> None:
+        delta = choice.get("delta") if "delta" in choice else choice.get("message")
+        for key, value in choice.items():
+            if key in ("delta", "message"):
+                continue
+            if key == "logprobs":
+                self.fields[key] = _merge_logprobs(self.fields.get(key), value, f"{where}.logprobs")
+            elif key in LAST_WINS:
+                self.fields[key] = value if value is not None else self.fields.get(key)
+            elif self.fields.get(key) is None:
+                self.fields[key] = value
+        if delta is None:
+            return
+        if not isinstance(delta, dict):
+            raise StreamError(f"{where}.delta: expected an object, got {type(delta).__name__}")
+        for key, value in delta.items():
+            if key in TEXT_FIELDS:
+                self.message[key] = _concat(self.message.get(key), value, f"{where}.delta.{key}")
+            elif key == "tool_calls":
+                self.message.setdefault(key, None)
+                if value is not None:
+                    _merge_indexed(self.tool_calls, value, f"{where}.delta.tool_calls", ())
+            elif key == "reasoning_details":
+                self.message.setdefault(key, None)
+                if value is not None:
+                    _merge_indexed(self.details, value, f"{where}.delta.reasoning_details",
+                                   ("text", "summary", "data", "signature"))
+            elif self.message.get(key) is None:
+                self.message[key] = value
+
+    def build(self) -> dict[str, Any]:
+        message = dict(self.message)
+        if self.tool_calls:
+            message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in self.tool_calls]
+        if self.details:
+            message["reasoning_details"] = self.details
+        fields = {**self.fields, "message": _ordered(message, MESSAGE_ORDER)}
+        return _ordered(fields, CHOICE_ORDER)
+
+
+def _merge_logprobs(old: Any, new: Any, where: str) -> Any:
+    if new is None:
+        return old
+    if not isinstance(new, dict) or not (old is None or isinstance(old, dict)):
+        raise StreamError(f"{where}: expected an object, got {type(new).__name__}")
+    merged = dict(old or {})
+    for key, value in new.items():
+        if isinstance(value, list):
+            prev = merged.get(key)
+            merged[key] = (prev if isinstance(prev, list) else []) + value
+        elif merged.get(key) is None:
+            merged[key] = value
+    return merged
+
+
+def _ordered(d: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    return {**{k: d[k] for k in order if k in d}, **{k: v for k, v in d.items() if k not in order}}
+
+
+class StreamAssembler:
+    """Merges chunks one at a time (see the module docstring); ``response()`` is the answer so far."""
+
+    def __init__(self) -> None:
+        self.top: dict[str, Any] = {}
+        self.choices: dict[int, _Choice] = {}
+        self.chunks = 0
+        self.error: Any = None  # the ``error`` of a mid-stream error event
+
+    def add(self, chunk: Any) -> None:
+        where = f"chunk {self.chunks}"
+        self.chunks += 1
+        if not isinstance(chunk, dict):
+            raise StreamError(f"{where}: expected a JSON object, got {type(chunk).__name__}")
+        if chunk.get("error") is not None:
+            self.error = chunk["error"]
+        for key, value in chunk.items():
+            if key in PER_CHUNK_FIELDS or key == "error":
+                continue
+            if key == "choices":
+                self.top.setdefault("choices", None)
+                self._choices(value, where)
+            elif key == "usage":
+                self.top[key] = value if value is not None else self.top.get(key)
+            elif key == "object":
+                self.top.setdefault(key, "chat.completion")
+            elif self.top.get(key) is None:
+                self.top[key] = value
+
+    def _choices(self, choices: Any, where: str) -> None:
+        if not isinstance(choices, list):
+            raise StreamError(f"{where}.choices: expected a list, got {type(choices).__name__}")
+        for i, choice in enumerate(choices):
+            index = choice.get("index", 0 if len(choices) == 1 else None) if isinstance(choice, dict) else None
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise StreamError(f"{where}.choices[{i}]: a choice needs an integer index")
+            self.choices.setdefault(index, _Choice()).add(choice, f"{where}.choices[{i}]")
+
+    @property
+    def finished(self) -> bool:
+        """Every choice seen has a ``finish_reason`` (and at least one choice was seen)."""
+        return bool(self.choices) and all(c.fields.get("finish_reason") is not None for c in self.choices.values())
+
+    def response(self) -> dict[str, Any]:
+        out = dict(self.top)
+        if "choices" in out:
+            out["choices"] = [self.choices[i].build() for i in sorted(self.choices)]
+        out = _ordered(out, TOP_ORDER)
+        if "usage" in out:
+            out["usage"] = out.pop("usage")
+        return out
+
+
+def assemble_chunks(chunks: Iterable[Any]) -> dict[str, Any]:
+    """One ``chat.completion`` from the chunk objects of one streamed answer (in arrival order)."""
+    assembler = StreamAssembler()
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.response()
+
+
+def chunk_payloads(events: Iterable[SSEEvent]) -> tuple[list[Any], bool]:
+    """The JSON payloads of ``events`` (comments skipped) and whether ``[DONE]`` was among them; a payload that
+    is not JSON is a :class:`StreamError`."""
+    payloads, done = [], False
+    for k, event in enumerate(events):
+        if event.data is None:
+            continue
+        if event.data.strip() == DONE:
+            done = True
+            continue
+        try:
+            payloads.append(json.loads(event.data))
+        except (ValueError, RecursionError) as e:
+            raise StreamError(f"event {k}: data is not JSON ({str(e)[:80]})") from None
+    return payloads, done

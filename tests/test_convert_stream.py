@@ -1,0 +1,124 @@
+"""``convert --from openai-stream``: logged chunk streams (raw SSE or JSONL of chunks, in the shapes the openai SDK's
+``ChatCompletionChunk.model_dump()`` and OpenRouter produce, one or many answers per file) become API records;
+the assembler agrees with the SDK's own stream accumulator; nothing in the file is dropped."""
+import json
+
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
+from upstream_sse import answer, sse, stream_chunks
+
+from kimi_eagle.apps import cli
+from kimi_eagle.io import read_jsonl
+from kimi_eagle.reconstruct.convert import convert
+from kimi_eagle.reconstruct.stream import assemble_chunks
+
+REQUEST = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+ARGS = '{"city": "Paris"}'
+
+
+def sdk_models(cid: str, text: str, with_tool: bool = True) -> list[ChatCompletionChunk]:
+    """An OpenAI-shaped stream as the SDK's own chunk objects (as its client yields them)."""
+    base = {"id": cid, "object": "chat.completion.chunk", "created": 1_800_000_000, "model": "gpt-x",
+            "system_fingerprint": "fp_1", "obfuscation": "pad"}
+    raw = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    for word in text.split(" "):
+        lp = {"content": [{"token": word, "logprob": -0.5, "bytes": list(word.encode()), "top_logprobs": []}],
+              "refusal": None}
+        raw.append({**base, "choices": [{"index": 0, "delta": {"content": word}, "logprobs": lp, "finish_reason": None}]})
+    if with_tool:
+        raw.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]},
+            "finish_reason": None}]})
+        for part in (ARGS[:5], ARGS[5:11], ARGS[11:]):
+            raw.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "function": {"arguments": part}}]}, "finish_reason": None}]})
+    raw.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls" if with_tool else "stop"}]})
+    raw.append({**base, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7, "total_tokens": 16}})
+    return [ChatCompletionChunk.model_validate(c) for c in raw]
+
+
+def sdk_chunks(cid: str, text: str, with_tool: bool = True) -> list[dict]:
+    """The same stream as logged with ``chunk.model_dump()`` (every null field included)."""
+    return [c.model_dump() for c in sdk_models(cid, text, with_tool)]
+
+
+def test_the_assembler_agrees_with_the_openai_sdk_accumulator():
+    chunks = sdk_chunks("chatcmpl-1", "It is sunny today")
+    state = ChatCompletionStreamState()
+    for c in sdk_models("chatcmpl-1", "It is sunny today"):
+        state.handle_chunk(c)
+    sdk = state.get_final_completion().model_dump()
+    mine = assemble_chunks(chunks)
+    for key in ("id", "created", "model", "system_fingerprint", "usage"):
+        assert mine[key] == sdk[key], key
+    ours, theirs = mine["choices"][0], sdk["choices"][0]
+    assert ours["finish_reason"] == theirs["finish_reason"] == "tool_calls"
+    assert ours["logprobs"]["content"] == theirs["logprobs"]["content"] and len(ours["logprobs"]["content"]) == 4
+    assert ours["message"]["content"] == theirs["message"]["content"] == "Itissunnytoday"
+    (call,) = ours["message"]["tool_calls"]
+    (sdk_call,) = theirs["message"]["tool_calls"]
+    assert call == {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}
+    assert (sdk_call["id"], sdk_call["function"]["name"], sdk_call["function"]["arguments"]) == ("call_1", "get_weather", ARGS)
+    assert mine["object"] == "chat.completion" and "obfuscation" not in mine
+
+
+def test_a_jsonl_of_sdk_chunks_with_many_interleaved_answers(tmp_path):
+    a, b = sdk_chunks("chatcmpl-a", "one two"), sdk_chunks("chatcmpl-b", "three four five", with_tool=False)
+    lines = [{"request": REQUEST}, a[0], {**REQUEST, "messages": [{"role": "user", "content": "again"}]}, b[0]]
+    for i in range(1, max(len(a), len(b))):  # interleaved, as a proxy logging two streams at once writes them
+        lines += [c[i] for c in (a, b) if i < len(c)]
+    path = tmp_path / "chunks.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    first, second = convert("openai-stream", path)
+    assert (first["id"], first["id_from"], second["id"]) == ("chatcmpl-a", "response.id", "chatcmpl-b")
+    assert first["request"] == REQUEST and second["request"]["messages"][0]["content"] == "again"
+    assert first["response"] == assemble_chunks(a) and second["response"] == assemble_chunks(b)
+    assert second["response"]["choices"][0]["message"]["content"] == "threefourfive"
+    assert first["stream"] == {"chunks": len(a), "done": False} and "error" not in first
+
+
+def test_openrouter_sse_logged_with_its_request_is_the_non_streaming_answer_byte_for_byte(tmp_path):
+    raw = b"".join(sse(stream_chunks(answer()), keepalive_every=3)).decode()
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps({"id": "mine-1", "request": REQUEST, "stream": raw}) + "\n"
+                    + json.dumps({"request": REQUEST, "chunks": stream_chunks(answer("gen-2"))}) + "\n")
+    one, two = convert("openai-stream", path)
+    assert one["id"] == "mine-1" and json.dumps(one["response"]) == json.dumps(answer())
+    assert one["stream"] == {"chunks": len(stream_chunks(answer())), "done": True}
+    assert two["id"] == "gen-2" and json.dumps(two["response"]) == json.dumps(answer("gen-2"))
+
+
+def test_raw_sse_files_one_answer_each_and_every_problem_kept(tmp_path):
+    good = b"".join(sse(stream_chunks(answer("gen-ok"))))
+    cut = b"".join(sse(stream_chunks(answer("gen-cut"))))[:900]  # a log that stops mid-stream
+    cut = cut[:cut.rindex(b"\n\n") + 2]
+    path = tmp_path / "wire.txt"
+    path.write_bytes(b": OPENROUTER PROCESSING\n\n" + b'data: {"request": ' + json.dumps(REQUEST).encode()
+                     + b"}\n\n" + good + cut + b"data: {not json\n\n" + b'data: {"choices": [{"delta": {}}]}\n\n')
+    records = list(convert("openai-stream", path))
+    assert [r["id"] for r in records] == ["gen-ok", "openai-stream:gen-cut", "openai-stream:event-28",
+                                          "openai-stream:event-29"]  # events counted from 1, comments included
+    ok, incomplete, not_json, no_id = records
+    assert "error" not in ok and json.dumps(ok["response"]) == json.dumps(answer("gen-ok"))
+    assert incomplete["error"].startswith("event ") and "stream_incomplete" in incomplete["error"]
+    assert incomplete["response"]["choices"][0]["message"]["reasoning"]  # what the log holds is kept
+    assert "not JSON" in not_json["error"] and "without a string `id`" in no_id["error"]
+
+
+def test_a_stream_without_its_request_is_an_error_record_that_keeps_the_answer(tmp_path):
+    path = tmp_path / "chunks.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in stream_chunks(answer())))
+    (rec,) = convert("openai-stream", path)
+    assert "no request logged before this stream" in rec["error"]
+    assert json.dumps(rec["response"]) == json.dumps(answer())
+
+
+def test_the_cli_converts_a_logged_stream(tmp_path, capsys):
+    path = tmp_path / "chunks.jsonl"
+    path.write_text(json.dumps({"request": REQUEST}) + "\n"
+                    + "".join(json.dumps(c) + "\n" for c in sdk_chunks("chatcmpl-z", "hello there")))
+    out = tmp_path / "api.jsonl"
+    assert cli.main(["convert", str(path), "--from", "openai-stream", "-o", str(out)]) == 0
+    (rec,) = [line.obj for line in read_jsonl(out)]
+    assert rec["id"] == "chatcmpl-z" and rec["response"]["choices"][0]["message"]["content"] == "hellothere"
+    assert "1 API records from openai-stream" in capsys.readouterr().out
