@@ -221,6 +221,29 @@ def test_audit_accounts_for_every_request_and_fp32_agrees_with_its_own_engine(tm
     assert summary["matrix"][REFERENCE]["fp32"]["k"] == summary["matrix"][REFERENCE]["fp32"]["n"] == 3
     assert summary["matrix"]["fp32"]["fp32"]["rate"] == summary["matrix"]["int8"]["int8"]["rate"] == 1.0
     assert summary["completions"] == {"ok": 12, "error:input": 4}
+    assert summary["settings"]["serving"] == "template"  # the profile the answers were reconstructed with
     for name in (*AUDIT_CHARTS, "report"):  # the charts and the page beside summary.json
         assert (tmp_path / "audit" / (f"{name}.png" if name != "report" else "report.html")).is_file()
     assert "reference" in capsys.readouterr().out
+
+
+def test_audit_options_refuse_what_a_user_gets_wrong_before_any_request(tmp_path):
+    from kimi_eagle.apps.audit.run import AuditOptions
+
+    base = dict(base_url="http://127.0.0.1:9/v1", model="m")
+    for providers, repeats, reference, why in [((), 2, None, "--providers"), (("a", "A"), 2, None, "--providers"),
+                                                ((REFERENCE,), 2, None, "--providers"), (("a",), 0, None, "--repeats"),
+                                                (("a",), 2, tmp_path / "missing.jsonl", "--reference")]:
+        with pytest.raises(ValueError, match=why):
+            AuditOptions(**base, providers=providers, repeats=repeats, reference=reference).check()
+    ok = AuditOptions(**base, providers=("a", "b"), serving="vllm")
+    ok.check()
+    assert ok.settings("tok")["serving"] == "vllm" and ok.settings("tok")["tokenizer"] == "tok"
+
+
+def test_audit_takes_the_serving_profile_on_the_command_line():
+    from kimi_eagle.apps.cli import build_parser
+
+    argv = ["audit", "p.jsonl", "-o", "out", "--base-url", "http://x/v1", "--model", "m", "--providers", "a,b",
+            "--serving", "sglang"]
+    assert build_parser(argv).parse_args(argv).serving == "sglang"

@@ -162,6 +162,22 @@ def test_notebook_02_without_engine_records_runs_billing_only(kimi, tmp_path):
     assert not (tmp_path / "nb" / "diff").exists() and (tmp_path / "nb" / "billing" / "report.html").is_file()
 
 
+def test_notebook_02_tags_a_toy_model_run_everywhere_and_takes_every_record(kimi, tmp_path):
+    """The grid's tiny-kimi run: ``data_kind: toy`` reaches metrics.json and the pages; ``sample_size: None`` (as the
+    grid passes it) takes every record, so the batch summary's record count is the run's real n."""
+    from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute
+
+    samples = simulate_samples(load_source_records(["glaive"]), kimi, per_effect=2, seed=3, effects=["none"])
+    api_path = write_samples(samples, tmp_path / "sim")["api"]
+    executed = execute(NOTEBOOK_DIR / "02_bpe_diff_inspection.ipynb", tmp_path / "nb",
+                       {"simulate": False, "api_path": str(api_path), "sample_size": None, "data_kind": "toy"})
+    assert "say nothing about Kimi" in executed.read_text(encoding="utf-8")  # the notebook says it before any number
+    metrics = json.loads((tmp_path / "nb" / "metrics.json").read_text())
+    assert (metrics["data"], metrics["n_records"]) == ("toy", len(samples))
+    page = (tmp_path / "nb" / "billing" / "report.html").read_text(encoding="utf-8").replace("&#x27;", "'")
+    assert "REAL engine, toy model (not Kimi's rates)" in page
+
+
 def test_a_tool_cut_resolved_by_billing_is_not_reported_as_an_independent_match():
     from kimi_eagle.assets import kimi_dir
     from kimi_eagle.diff.billing import reconcile_rows

@@ -33,6 +33,7 @@ BASE = {
     "tiny-kimi": ["tiny-kimi", "-o", "o"],
     "audit": ["audit", "p.jsonl", "-o", "o", "--base-url", "http://127.0.0.1:1/v1", "--model", "m"],
     "demo": ["demo", "-o", "o"],
+    "collect": ["collect", "p.jsonl", "-o", "o", "--base-url", "http://127.0.0.1:1/v1", "--model", "m"],
 }
 BAD = [
     ("extract", "--shard-rows", "0"), ("extract", "--threads", "0"), ("extract", "--max-tokens", "-5"),
@@ -54,6 +55,16 @@ BAD = [
     ("batch", "--workers", "0"), ("simulate", "--per-effect", "0"), ("tiny-kimi", "--steps", "0"),
     ("tiny-kimi", "--temperature", "nan"), ("tiny-kimi", "--threads", "0"), ("audit", "--repeats", "0"),
     ("audit", "--timeout", "0"), ("audit", "--concurrency", "0"), ("demo", "--batch-workers", "0"),
+    # collect: every numeric flag, each refused by argparse before a prompt is read
+    ("collect", "--limit", "0"), ("collect", "--concurrency", "0"), ("collect", "--concurrency", "-2"),
+    ("collect", "--concurrency", "４"), ("collect", "--timeout", "0"), ("collect", "--timeout", "nan"),
+    ("collect", "--response-timeout", "-1"), ("collect", "--response-timeout", "inf"),
+    ("collect", "--max-body-bytes", "0"), ("collect", "--max-body-bytes", "1e6"), ("collect", "--max-attempts", "0"),
+    ("collect", "--backoff-base", "-0.5"), ("collect", "--backoff-base", "nan"), ("collect", "--backoff-max", "inf"),
+    ("collect", "--max-retry-after", "-1"), ("collect", "--temperature", "nan"), ("collect", "--temperature", "-1"),
+    ("collect", "--top-p", "0"), ("collect", "--top-p", "1.5"), ("collect", "--max-tokens", "0"),
+    ("collect", "--max-tokens", "٣"), ("collect", "--seed", "-1"), ("collect", "--top-logprobs", "-1"),
+    ("collect", "--reasoning-max-tokens", "0"),
 ]
 
 

@@ -30,3 +30,17 @@ def test_notebook_executes_with_small_parameters(notebook, params, tmp_path):
     assert not errors
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics, "every notebook writes its headline numbers to metrics.json"
+
+
+def test_demo_steps_print_a_heartbeat_until_they_end(capsys):
+    import time
+
+    from kimi_eagle.apps.commands.demo import HEARTBEAT_S, heartbeat
+
+    assert HEARTBEAT_S <= 10  # make demo never stays silent longer than this
+    with heartbeat("a long step", every=0.05):
+        time.sleep(0.33)
+    beats = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[demo] a long step: still running")]
+    assert 3 <= len(beats) <= 7
+    time.sleep(0.15)
+    assert "still running" not in capsys.readouterr().out  # stops with the step

@@ -144,3 +144,35 @@ def test_the_four_report_pages_share_one_stylesheet_and_carry_no_other(report, t
         page = path.read_text()
         assert re.findall(r"<style>(.*?)</style>", page, re.S) == ["\n" + STYLESHEET], kind
         assert page.count("<style") == 1 and "<link" not in page and f"<body class='{kind}'>" in page, kind
+
+
+
+def test_a_toy_model_run_says_so_on_the_page_and_on_every_chart(report, tmp_path, kimi, monkeypatch):
+    """data="toy" (tiny-kimi): "REAL engine, toy model (not Kimi's rates)" on the diff report, the billing report and
+    every chart title of both (read from the figures as they are written)."""
+    from helpers import api, row
+
+    from kimi_eagle.apps.reports import billing_report, toolkit
+    from kimi_eagle.apps.reports import diff_report as report_module
+    from kimi_eagle.diff.run import read_diff
+
+    tag = "REAL engine, toy model (not Kimi's rates)"
+    titles = {}
+    written = toolkit.write_figure
+
+    def record(fig, path, **kw):
+        titles[str(path)] = " ".join(ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title())
+        return written(fig, path, **kw)
+
+    monkeypatch.setattr(toolkit, "write_figure", record)
+    s = report_module.write_report(read_diff(report.parent / "sim" / "diff"), tmp_path / "diff", "toy", kimi)
+    b = billing_report.write_billing(kimi, [row(kimi, api("a"), billed=2), row(kimi, api("b"), billed=5)],
+                                     tmp_path / "billing", "toy")
+    assert s["data"] == b["data"] == "toy"
+    assert len(titles) == len(s["charts"]) + len(b["charts"])
+    assert all(tag in t for t in titles.values()), titles
+    for page in (tmp_path / "diff" / "report.html", tmp_path / "billing" / "report.html"):
+        text = page.read_text(encoding="utf-8").replace("&#x27;", "'")
+        assert tag in text and "say nothing about Kimi" in text
+    with pytest.raises(ValueError, match="data must be one of"):
+        report_module.write_report(read_diff(report.parent / "sim" / "diff"), tmp_path / "x", "kimi")

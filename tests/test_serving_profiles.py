@@ -377,3 +377,157 @@ def test_the_engine_renders_and_answers_through_its_profile(kimi):
     served = kimi_chat_answer(cut, kimi, "length", "vllm")
     assert served.finish_reason == "tool_calls" and "tool_calls" not in served.message
     assert kimi_chat_answer(cut, kimi, "length", "sglang").finish_reason == "length"
+
+
+# --------------------------------------------------------------------------------------------
+# --serving auto as the default: completion counts as secondary evidence, template without evidence,
+# the `serving` column and the per-provider record
+
+
+def call_answer_record(rid, provider, finish, call_id="call_1"):
+    """A request with tools and no history (moonshot, vllm and sglang render it alike), answered with one call."""
+    calls = [{"id": call_id, "type": "function", "function": {"name": "get", "arguments": "{}"}}]
+    return {"id": rid, "request": {"messages": [{"role": "user", "content": "q"}], "tools": TOOLS},
+            "response": {"provider": provider, "choices": [{"finish_reason": finish, "message": {
+                "role": "assistant", "reasoning": "r", "content": None, "tool_calls": calls}}]}}
+
+
+def billed(record, counts, prompt_serving, completion_tokens):
+    record["response"]["usage"] = {"prompt_tokens": counts[prompt_serving][0], "completion_tokens": completion_tokens}
+    return record
+
+
+def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
+    from kimi_eagle.chat.serving_choice import choose_profiles, describe
+    from kimi_eagle.reconstruct.auto_serving import reconstruct_counter
+
+    counter = reconstruct_counter(kimi, "kimi-k2.5")
+    counts = counter(call_answer_record("x", "X", "tool_calls"))
+    assert counts["moonshot"][0] == counts["vllm"][0] == counts["sglang"][0] != counts["template"][0]
+    full = counts["moonshot"][1]
+    # billed the whole turn: every profile agrees, nothing to tell them apart -> the first tied (moonshot)
+    m = billed(call_answer_record("m", "M", "tool_calls"), counts, "moonshot", full)
+    # billed more than the turn holds after a complete call: a second call was cut and dropped, as vLLM and SGLang
+    # do; the kit's template reading has no such tokens -> vllm (its ids), sglang (SGLang's renumbered ids)
+    v = billed(call_answer_record("v", "V", "tool_calls"), counts, "vllm", full + 9)
+    s = billed(call_answer_record("s", "S", "tool_calls", call_id="functions.get:0"), counts, "sglang", full + 9)
+    t = billed(call_answer_record("t", "T", "tool_calls"), counts, "template", full + 9)  # the prompt decides first
+    with_dropped = counter(v)
+    assert with_dropped["vllm"][2] and not with_dropped["moonshot"][2] and with_dropped["vllm"][1] < full + 9
+    got = {c["provider"]: c for c in choose_profiles([m, v, s, t], kimi, counter=counter)}
+    assert {p: c["profile"] for p, c in got.items()} == {"M": "moonshot", "V": "vllm", "S": "sglang", "T": "template"}
+    assert got["M"]["completion_compared"] == 0
+    assert got["V"]["completion_matched"] == {"template": 0, "moonshot": 0, "vllm": 1, "sglang": 1}
+    assert describe(got["V"]) == "provider V: vllm profile, prompt counts matched 1/1, completion counts matched 1/1"
+    # prompts only (the chat-layer default counter): vllm's group ties with moonshot, which comes first
+    assert {c["provider"]: c["profile"] for c in choose_profiles([v], kimi)} == {"V": "moonshot"}
+    # billed prompts no candidate renders (another tokenizer): the completion counts are no evidence either
+    other = billed(call_answer_record("o", "O", "tool_calls"), counts, "vllm", full + 9)
+    other["response"]["usage"]["prompt_tokens"] = 7
+    (c,) = choose_profiles([other], kimi, counter=counter)
+    assert c["profile"] == "template" and c["completion_matched"]["vllm"] == 1
+    assert describe(c) == ("provider O: template profile (no profile's prompt count equals a billed one (0/1: another "
+                           "tokenizer or format?))")
+
+
+def test_auto_without_evidence_is_template(kimi):
+    from kimi_eagle.chat.serving_choice import choose_profiles, describe
+
+    plain = {"id": "p", "request": {"messages": [{"role": "user", "content": "hi"}]},
+             "response": {"provider": "P", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                          "choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}]}}
+    (c,) = choose_profiles([plain], kimi)
+    assert (c["profile"], c["compared"], c["tool_relevant"], c["prompts_differ"]) == ("template", 1, False, False)
+    assert describe(c) == ("provider P: template profile (no tools or tool history, and every profile renders the "
+                           "prompts and completions alike)")
+    # a format the profiles do not change: template whatever the counts say
+    vllm = billed_record(kimi, "c", "C", "vllm", MULTI, TOOLS, answer_ids=("call_x",))
+    (c,) = choose_profiles([vllm], kimi, "plain")
+    assert c["profile"] == "template" and c["no_evidence"] == "the chat format is not one the profiles change"
+
+
+def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from kimi_eagle.apps.cli import main
+    from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
+
+    records = [billed_record(kimi, "a", "A", "template", MULTI, TOOLS),
+               billed_record(kimi, "b", "B", "vllm", MULTI, TOOLS, answer_ids=("chatcmpl-tool-1",)),
+               billed_record(kimi, "b2", "B", "vllm", MULTI, TOOLS, answer_ids=("chatcmpl-tool-2",)), "not an object"]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out.parquet"
+    assert main(["reconstruct", str(src), "-o", str(out), "--no-progress"]) == 0  # no --serving: auto
+    printed = capsys.readouterr().out
+    assert "provider A: template profile, prompt counts matched 1/1, completion counts matched 0/1" in printed
+    assert "provider B: vllm profile, prompt counts matched 2/2, completion counts matched 0/2" in printed
+    assert f"{out}: rows per serving profile: template 1, vllm 2" in printed
+    rows = pq.read_table(out).to_pylist()
+    assert [r["serving"] for r in rows] == ["template", "vllm", "vllm", None]
+    by = serving_by_provider(rows)
+    assert by == {"A": {"template": 1}, "B": {"vllm": 2}}
+    assert serving_line(by) == ("serving profiles (kimi-eagle reconstruct --serving): provider A: template profile "
+                                "(1 rows); provider B: vllm profile (2 rows)")
+    evidence = json.loads((tmp_path / "out.parquet.serving.json").read_text())
+    assert [g["no_evidence"] for g in evidence["groups"]] == [None, None]
+    # billing report: the line on the page and a new summary key (the other keys unchanged)
+    bill = tmp_path / "bill"
+    assert main(["billing", str(out), "-o", str(bill)]) == 0
+    summary = json.loads((bill / "summary.json").read_text())
+    assert summary["serving_by_provider"] == by
+    assert serving_line(by) in (bill / "report.html").read_text()
+    # an explicit profile is the same for every row
+    assert main(["reconstruct", str(src), "-o", str(tmp_path / "t.parquet"), "--serving", "sglang", "--no-progress"]) == 0
+    assert [r["serving"] for r in pq.read_table(tmp_path / "t.parquet").to_pylist()] == ["sglang"] * 3 + [None]
+
+
+def test_diff_report_names_the_profile_per_provider(tmp_path):
+    import pyarrow as pa
+
+    from kimi_eagle.apps.reports.diff_report import write_report
+    from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, DiffResult
+    from kimi_eagle.reconstruct.auto_serving import serving_line
+
+    rows = [{**{f.name: None for f in RECORD_SCHEMA}, "id": rid, "provider": p, "status": "ok", "verdict": "exact",
+             "label": "exact", "subclasses": [], "flags": [], "dataset": "unit", "n_engine_tokens": 3,
+             "n_recon_tokens": 3, "token_delta": 0, "n_hunks": 0} for rid, p in (("a", "A"), ("b", "B"), ("c", "B"))]
+
+    def result():
+        return DiffResult(pa.Table.from_pylist(rows, schema=RECORD_SCHEMA).to_pandas(),
+                          pa.Table.from_pylist([], schema=HUNK_SCHEMA).to_pandas())
+
+    plain = write_report(result(), tmp_path / "plain")
+    assert "serving_by_provider" not in plain and "serving profiles" not in (tmp_path / "plain" / "report.html").read_text()
+    served = result()
+    served.records["serving"] = ["vllm", "sglang", "sglang"]
+    summary = write_report(served, tmp_path / "served")
+    assert summary["serving_by_provider"] == {"A": {"vllm": 1}, "B": {"sglang": 2}}
+    assert set(summary) - set(plain) == {"serving_by_provider"}
+    assert serving_line(summary["serving_by_provider"]) in (tmp_path / "served" / "report.html").read_text()
+
+
+BUNDLED = ("glaive", "reason-tool-use", "sharegpt")
+
+
+@pytest.mark.parametrize("dataset", BUNDLED)
+def test_auto_on_the_bundled_datasets_is_template_byte_for_byte(dataset, tmp_path, capsys):
+    """`kimi-eagle convert` output carries no billed counts: auto (the default) must reconstruct it exactly as
+    --serving template, and write nothing more than before (the evidence file only with --serving auto)."""
+    from kimi_eagle.apps.cli import main
+
+    api = tmp_path / "api.jsonl"
+    assert main(["convert", "--from", dataset, "-o", str(api)]) == 0
+    auto, template = tmp_path / "auto.parquet", tmp_path / "template.parquet"
+    capsys.readouterr()
+    assert main(["reconstruct", str(api), "-o", str(auto), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert main(["reconstruct", str(api), "-o", str(template), "--serving", "template", "--no-progress"]) == 0
+    assert auto.read_bytes() == template.read_bytes()
+    assert f"provider (none) (dataset {dataset}): template profile (no billed prompt_tokens to compare)" in printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["api.jsonl", "auto.parquet", "template.parquet"]
+    assert main(["reconstruct", str(api), "-o", str(auto), "--serving", "auto", "--no-progress"]) == 0
+    assert auto.read_bytes() == template.read_bytes()
+    evidence = json.loads((tmp_path / "auto.parquet.serving.json").read_text())
+    assert [(g["profile"], g["no_evidence"]) for g in evidence["groups"]] == [
+        ("template", "no billed prompt_tokens to compare")]

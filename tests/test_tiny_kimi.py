@@ -202,3 +202,25 @@ def test_end_to_end_serve_collect_reconstruct_diff_accounts_for_every_prompt(bui
     records = diff_files(tok, tmp_path / "engine.jsonl", tmp_path / "recon.parquet").records
     assert sorted(records["id"]) == sorted(prompt_ids)
     assert set(records["status"]) <= {"ok", "error"} and records["status"].notna().all()
+
+
+def test_the_cache_keeps_a_model_per_spec_data_and_code_and_trains_only_when_one_changed(built, tmp_path, monkeypatch):
+    from kimi_eagle.apps import tiny_kimi
+
+    cache = tmp_path / "cache"
+    first, manifest, reused = tiny_kimi.cached_tiny_kimi(cache, SPEC)
+    assert not reused and first.parent == cache and manifest["code_version"] == tiny_kimi.code_version()
+    assert first.name == tiny_kimi.cache_key(SPEC, manifest["data_sha256"], manifest["code_version"])
+    assert (first / "model.safetensors").read_bytes() == (built[0] / "model.safetensors").read_bytes()  # same model
+    trained = []
+    monkeypatch.setattr(tiny_kimi, "train", lambda *a, **k: trained.append(1) or [1.0])
+    again, same, reused = tiny_kimi.cached_tiny_kimi(cache, SPEC)
+    assert (again, same, reused, trained) == (first, manifest, True, [])  # the second run: nothing trained
+    other, _, reused = tiny_kimi.cached_tiny_kimi(cache, TinyKimiSpec(**{**SPEC.__dict__, "seed": 1}))
+    assert other != first and not reused and trained == [1]  # another spec: its own folder, trained
+    monkeypatch.setattr(tiny_kimi, "code_version", lambda: "changed")  # the code changed: trained again
+    changed, m, reused = tiny_kimi.cached_tiny_kimi(cache, SPEC)
+    assert changed != first and not reused and m["code_version"] == "changed" and trained == [1, 1]
+    assert tiny_kimi.cache_key(SPEC, "a" * 64, "c") != tiny_kimi.cache_key(SPEC, "b" * 64, "c")
+    (first / "model.safetensors").unlink()  # a cache entry with a file missing is never reused
+    assert tiny_kimi.reusable(first, SPEC, manifest["data_sha256"], manifest["code_version"]) is None

@@ -20,7 +20,9 @@ What :func:`build_tiny_kimi` does, deterministically for a seed:
    trained with AdamW on windows of the document stream (half of them starting at a document's start).
 4. **Saved**: ``config.json`` + ``model.safetensors`` (an HF model directory), ``kimi_ids.json``, the
    Kimi tokenizer files (``tiktoken.model``, ``tokenizer_config.json``, read from the assets) and
-   ``manifest.json`` (data SHA-256, steps, seed, final loss, loss curve, sources, wall time).
+   ``manifest.json`` (data SHA-256, code version, steps, seed, final loss, loss curve, sources, wall time).
+   :func:`cached_tiny_kimi` keeps built models under ``runs/cache/tiny_kimi/<key>/`` (key: spec + data SHA-256 + code
+   version), so `make demo` trains only when one of them changed.
 
 ``kimi-eagle serve --model DIR`` / ``generate --model DIR`` then serve it in ``kimi-k2.5`` (see
 kimi_eagle.engine.local and docs/tiny_kimi.md). With ``--collect N`` the command also serves the model
@@ -245,11 +247,56 @@ def read_manifest(model_dir: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("kind") == MANIFEST_KIND else None
 
 
+def code_version() -> str:
+    """What decides the weights besides the spec and the data: this module's source (the model shape, the training
+    loop) and the torch and transformers versions, as one SHA-256."""
+    import torch
+    import transformers
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(f"\0torch {torch.__version__}\0transformers {transformers.__version__}".encode())
+    return h.hexdigest()
+
+
+def cache_key(spec: TinyKimiSpec, data_sha256: str, code: str) -> str:
+    """The cache folder name of a model: 16 hex digits of SHA-256 over its spec, training data hash and code version."""
+    blob = json.dumps({"spec": asdict(spec), "data_sha256": data_sha256, "code_version": code}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def reusable(out: Path, spec: TinyKimiSpec, data_sha256: str, code: str) -> dict[str, Any] | None:
+    """The manifest of the model in ``out`` when it was built from this spec, data and code (every file there), else
+    None."""
+    old = read_manifest(out)
+    if old and old.get("spec") == asdict(spec) and old.get("data_sha256") == data_sha256 \
+            and old.get("code_version") == code \
+            and all((out / f).is_file() for f in ("config.json", "model.safetensors", ID_MAP_FILE, *TOKENIZER_FILES)):
+        return old
+    return None
+
+
+def cached_tiny_kimi(cache_dir: str | Path, spec: TinyKimiSpec = TinyKimiSpec(), tokenizer_dir: str | Path | None = None,
+                     progress: bool = False) -> tuple[Path, dict[str, Any], bool]:
+    """tiny-kimi from the cache: ``cache_dir/<cache_key>/`` (keyed by spec + training-data SHA-256 + code version),
+    built there when it is not yet; returns the model directory, its manifest and whether it was reused."""
+    from kimi_eagle.assets import kimi_dir
+
+    spec.validate()
+    data = training_data(KimiTokenizer.from_dir(kimi_dir(tokenizer_dir)), spec.sharegpt_conversations)
+    code = code_version()
+    out = Path(cache_dir) / cache_key(spec, data.sha256(), code)
+    old = reusable(out, spec, data.sha256(), code)
+    if old is not None:
+        return out, old, True
+    return out, build_tiny_kimi(out, spec, tokenizer_dir, progress, data=data), False
+
+
 def build_tiny_kimi(out: str | Path, spec: TinyKimiSpec = TinyKimiSpec(), tokenizer_dir: str | Path | None = None,
-                    progress: bool = False, reuse: bool = False) -> dict[str, Any]:
+                    progress: bool = False, reuse: bool = False, data: TrainingData | None = None) -> dict[str, Any]:
     """Build, train and save tiny-kimi into ``out``; returns the manifest (also ``out/manifest.json``).
 
-    ``reuse``: keep a model already in ``out`` whose manifest has the same spec and data hash.
+    ``reuse``: keep a model already in ``out`` whose manifest has the same spec, data hash and :func:`code_version`.
+    ``data``: the training data when the caller already has it (else read here).
     """
     import torch
     from transformers import LlamaForCausalLM
@@ -263,12 +310,12 @@ def build_tiny_kimi(out: str | Path, spec: TinyKimiSpec = TinyKimiSpec(), tokeni
     began = time.perf_counter()
     source_dir = kimi_dir(tokenizer_dir)
     tok = KimiTokenizer.from_dir(source_dir)
-    data = training_data(tok, spec.sharegpt_conversations)
+    data = data if data is not None else training_data(tok, spec.sharegpt_conversations)
     data_hash = data.sha256()
-    old = read_manifest(out)
-    if reuse and old and old.get("spec") == asdict(spec) and old.get("data_sha256") == data_hash \
-            and all((out / f).is_file() for f in ("config.json", "model.safetensors", ID_MAP_FILE, *TOKENIZER_FILES)):
-        print(f"tiny-kimi: {out} already holds this model (same spec and data); kept", file=sys.stderr)
+    code = code_version()
+    old = reusable(out, spec, data_hash, code) if reuse else None
+    if old is not None:
+        print(f"tiny-kimi: {out} already holds this model (same spec, data and code); kept", file=sys.stderr)
         return old
     id_map = vocabulary(data, tok)
     threads_before = torch.get_num_threads()
@@ -296,7 +343,7 @@ def build_tiny_kimi(out: str | Path, spec: TinyKimiSpec = TinyKimiSpec(), tokeni
         "final_loss": sum(tail) / len(tail), "last_step_loss": losses[-1], "first_step_loss": losses[0],
         "loss_curve": [round(x, 4) for x in losses], "chat_format": "kimi-k2.5", "stop": STOP_TEXT,
         "tokenizer_sha256": hashlib.sha256((source_dir / "tiktoken.model").read_bytes()).hexdigest(),
-        "seconds": round(train_seconds, 1),
+        "seconds": round(train_seconds, 1), "code_version": code,
     }
     write_json(out / MANIFEST_FILE, manifest)
     return manifest

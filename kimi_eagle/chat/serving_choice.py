@@ -4,13 +4,20 @@ For every (provider, dataset) group, the prompts of up to ``per_group`` records 
 candidate profile (its preprocessing and tool declaration) and counted; the profile whose count equals
 the billed ``usage.prompt_tokens`` on the most records wins (TypeScript and JSON tool declarations differ
 by many tokens, re-serialised history arguments by a few). Ties (profiles that render a group's prompts
-alike) go to the answers' conventions: ``sglang`` when every returned tool-call id is SGLang's
-``functions.NAME:{history calls + position}`` and at least one is, else the first tied profile in
-:data:`CANDIDATES` order. A group with no billed prompt count gets ``template`` (evidence: none).
+alike) go first to the completion counts against ``usage.completion_tokens`` (on the records whose
+completion differs between candidates, when the counter gives them; :func:`completion_agrees`), then to the answers'
+conventions: ``sglang`` when every returned tool-call id is SGLang's ``functions.NAME:{history calls +
+position}`` and at least one is, else the first tied profile in :data:`CANDIDATES` order.
+
+A group without usable evidence gets ``template`` (today's rendering, byte for byte; :func:`no_evidence`
+says why): no billed prompt count, a chat format the profiles do not change (not ``kimi-*``), no
+request with tools or tool history while every candidate's prompt (and completion) counts agree, or no
+candidate's prompt count equal to any billed one (the provider counts with another tokenizer or format, so its
+completion counts tell nothing either).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
@@ -22,10 +29,11 @@ from kimi_eagle.tokenize.tokenizer import Tokenizer
 CANDIDATES = ("template", "moonshot", "vllm", "sglang")
 
 
-def _billed_prompt(record: dict) -> int | None:
+def billed_count(record: dict, name: str) -> int | None:
+    """``response.usage[name]`` when it is a count."""
     response = record.get("response")
     usage = response.get("usage") if isinstance(response, dict) else None
-    return count_field(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+    return count_field(usage.get(name)) if isinstance(usage, dict) else None
 
 
 def _group(record: dict) -> tuple[str | None, str | None]:
@@ -63,51 +71,132 @@ def prompt_counts(record: dict, encoders: dict[str, tuple[Any, PieceEncoder]]) -
     return out
 
 
-def _pick(evidence: dict[str, int], sglang_votes: list[bool]) -> str:
-    best = max(evidence.values())
-    tied = [name for name in CANDIDATES if evidence.get(name) == best]
-    if "sglang" in tied and sglang_votes and all(sglang_votes):
+def _counts_differ(counts: dict[str, Any]) -> bool:
+    return len({c for c in counts.values() if c is not None}) > 1
+
+
+def _tool_relevant(record: dict) -> bool:
+    """Does the request declare tools or hold tool history (what the profiles' prompt sides change)?"""
+    request = record.get("request") if isinstance(record.get("request"), dict) else {}
+    messages = request.get("messages") if isinstance(request.get("messages"), list) else []
+    return bool(request.get("tools")) or any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls"))
+                                             for m in messages)
+
+
+def _best(names: list[str], matched: dict[str, int]) -> list[str]:
+    top = max(matched.get(n, 0) for n in names)
+    return [n for n in names if matched.get(n, 0) == top]
+
+
+def _pick(g: dict[str, Any]) -> str:
+    """The group's profile: no usable evidence -> ``template``; else the most prompt matches, ties broken by
+    completion matches, then by SGLang's ids, then by :data:`CANDIDATES` order."""
+    if no_evidence(g):
+        return "template"
+    tied = _best(list(CANDIDATES), g["prompt_matched"])
+    if g["completion_compared"]:
+        tied = _best(tied, g["completion_matched"])
+    if "sglang" in tied and g["sglang_votes"] and all(g["sglang_votes"]):
         return "sglang"
     return tied[0]
 
 
-def choose_profiles(records: Iterable[Any], tok: Tokenizer, format_name: str = "kimi-k2.5",
-                    per_group: int = 64) -> list[dict[str, Any]]:
-    """One entry per (provider, dataset): ``provider``, ``dataset``, ``profile``, ``compared`` (records
-    with a billed prompt count that rendered), ``prompt_matched`` (per candidate) and ``sglang_ids``."""
+def _new_group() -> dict[str, Any]:
+    return {"compared": 0, "prompt_matched": dict.fromkeys(CANDIDATES, 0), "completion_compared": 0,
+            "completion_matched": dict.fromkeys(CANDIDATES, 0), "sglang_votes": [], "tool_relevant": False,
+            "prompts_differ": False}
+
+
+def _add_evidence(g: dict[str, Any], record: dict, counts: dict[str, Any], billed: int) -> None:
+    """One record's counts (``{name: (prompt, completion, dropped) | None}``) against its billed counts."""
+    g["compared"] += 1
+    g["tool_relevant"] = g["tool_relevant"] or _tool_relevant(record)
+    prompts = {n: c[0] if c else None for n, c in counts.items()}
+    completions = {n: c[1:] if c and c[1] is not None else None for n, c in counts.items()}
+    g["prompts_differ"] = g["prompts_differ"] or _counts_differ(prompts)
+    for name, c in prompts.items():
+        g["prompt_matched"][name] += c == billed
+    billed_completion = billed_count(record, "completion_tokens")
+    if billed_completion is not None and _counts_differ(completions):  # secondary evidence: only where handling differs
+        g["completion_compared"] += 1
+        for name, c in completions.items():
+            g["completion_matched"][name] += c is not None and completion_agrees(c[0], c[1], billed_completion)
+    vote = _sglang_ids(record)
+    if vote is not None:
+        g["sglang_votes"].append(vote)
+
+
+def completion_agrees(count: int, dropped: bool, billed: int) -> bool:
+    """A candidate's completion agrees with the billed count: equal, or shorter where that profile says its server
+    dropped what it could not parse (``dropped_by_server``: the billed tokens past the known prefix)."""
+    return count == billed or (dropped and count < billed)
+
+
+def prompt_only_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], dict[str, Any]]:
+    """``record -> {name: (prompt count, None, False) | None}``: the prompt under each candidate (no completion
+    evidence)."""
     encoders = {name: (get_format(format_name, tok, PROFILES[name].tool_declaration), PieceEncoder(tok))
                 for name in CANDIDATES}
+
+    def count(record: dict) -> dict[str, Any]:
+        return {n: None if c is None else (c, None, False) for n, c in prompt_counts(record, encoders).items()}
+    return count
+
+
+def choose_profiles(records: Iterable[Any], tok: Tokenizer, format_name: str = "kimi-k2.5",
+                    per_group: int = 64, counter: Callable[[dict], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One entry per (provider, dataset): ``provider``, ``dataset``, ``profile``, ``compared`` (records with a
+    billed prompt count that rendered), ``prompt_matched`` and ``completion_matched`` (per candidate; the
+    completion only on the ``completion_compared`` records whose counts differ between candidates),
+    ``sglang_ids``, ``answers_with_tool_calls``, ``tool_relevant``, ``prompts_differ``.
+
+    ``counter``: ``record -> {name: (prompt count, completion count, dropped_by_server) | None}`` (default: prompts only,
+    :func:`prompt_only_counter`; kimi_eagle.reconstruct.auto_serving counts completions too). A format the
+    profiles do not change (not a ``kimi-*`` format) gives every group ``template`` without counting."""
+    applies = format_name.startswith("kimi-")
+    counter = counter or (prompt_only_counter(tok, format_name) if applies else None)
     groups: dict[tuple, dict[str, Any]] = {}
     for record in records:
         if not isinstance(record, dict):
             continue
-        g = groups.setdefault(_group(record), {"compared": 0, "prompt_matched": dict.fromkeys(CANDIDATES, 0),
-                                               "sglang_votes": []})
-        billed = _billed_prompt(record)
-        if billed is None or g["compared"] >= per_group:
+        g = groups.setdefault(_group(record), _new_group())
+        billed = billed_count(record, "prompt_tokens")
+        if not applies or billed is None or g["compared"] >= per_group:
             continue
-        counts = prompt_counts(record, encoders)
+        counts = counter(record)
         if all(c is None for c in counts.values()):
             continue
-        g["compared"] += 1
-        for name, c in counts.items():
-            g["prompt_matched"][name] += c == billed
-        vote = _sglang_ids(record)
-        if vote is not None:
-            g["sglang_votes"].append(vote)
+        _add_evidence(g, record, counts, billed)
     out = []
     for (provider, dataset), g in groups.items():
-        profile = _pick(g["prompt_matched"], g["sglang_votes"]) if g["compared"] else "template"
-        out.append({"provider": provider, "dataset": dataset, "profile": profile, "compared": g["compared"],
-                    "prompt_matched": g["prompt_matched"], "sglang_ids": sum(g["sglang_votes"]),
-                    "answers_with_tool_calls": len(g["sglang_votes"])})
+        votes = g.pop("sglang_votes")
+        choice = {"provider": provider, "dataset": dataset, "profile": _pick({**g, "sglang_votes": votes}),
+                  **g, "sglang_ids": sum(votes), "answers_with_tool_calls": len(votes)}
+        out.append({**choice, "no_evidence": no_evidence(choice, applies)})
     return out
 
 
-def describe(choice: dict[str, Any]) -> str:
-    """One line: ``provider P (dataset D): vllm profile, prompt counts matched 412/415``."""
-    where = f"provider {choice['provider'] or '(none)'}" + (f" (dataset {choice['dataset']})" if choice["dataset"] else "")
+def no_evidence(choice: dict[str, Any], applies: bool = True) -> str | None:
+    """Why a group has no usable evidence (its profile is then ``template``), or None when it has some."""
+    if not applies:
+        return "the chat format is not one the profiles change"
     if not choice["compared"]:
-        return f"{where}: template profile (no billed prompt_tokens to compare)"
-    matched = choice["prompt_matched"][choice["profile"]]
-    return f"{where}: {choice['profile']} profile, prompt counts matched {matched}/{choice['compared']}"
+        return "no billed prompt_tokens to compare"
+    if not (choice["tool_relevant"] or choice["prompts_differ"] or choice["completion_compared"]):
+        return "no tools or tool history, and every profile renders the prompts and completions alike"
+    if not any(choice["prompt_matched"].values()):  # then the completion counts are not evidence either
+        return f"no profile's prompt count equals a billed one (0/{choice['compared']}: another tokenizer or format?)"
+    return None
+
+
+def describe(choice: dict[str, Any]) -> str:
+    """One line: ``provider P (dataset D): vllm profile, prompt counts matched 412/415`` (and the completion
+    counts when they were compared)."""
+    where = f"provider {choice['provider'] or '(none)'}" + (f" (dataset {choice['dataset']})" if choice["dataset"] else "")
+    if choice.get("no_evidence"):
+        return f"{where}: template profile ({choice['no_evidence']})"
+    name = choice["profile"]
+    line = f"{where}: {name} profile, prompt counts matched {choice['prompt_matched'][name]}/{choice['compared']}"
+    if choice.get("completion_compared"):
+        line += f", completion counts matched {choice['completion_matched'][name]}/{choice['completion_compared']}"
+    return line

@@ -46,7 +46,7 @@ RECORD_SCHEMA = pa.schema([
     ("billing_explained", pa.int64()), ("billing_unexplained", pa.int64()),
     ("billed_reasoning_tokens", pa.int64()), ("recon_reasoning_tokens", pa.int64()),
     ("reasoning_delta", pa.int64()), ("reasoning_explained", pa.int64()), ("reasoning_unexplained", pa.int64()),
-    ("engine_line", pa.int64()),
+    ("engine_line", pa.int64()), ("serving", pa.string()),
 ])
 HUNK_SCHEMA = pa.schema([
     ("id", pa.string()), ("dataset", pa.string()), ("hunk", pa.int64()), ("kind", pa.string()),
@@ -199,7 +199,8 @@ def _recon_fields(r: dict[str, Any]) -> dict[str, Any]:
     return dict(dataset=dataset if isinstance(dataset, str) else None, format=r.get("format"), flags=flags,
                 finish_reason=r.get("finish_reason"), provider=r.get("provider"),
                 billed_completion_tokens=r.get("billed_completion_tokens"),
-                billed_reasoning_tokens=r.get("billed_reasoning_tokens"))
+                billed_reasoning_tokens=r.get("billed_reasoning_tokens"),
+                serving=r.get("serving") if isinstance(r.get("serving"), str) else None)
 
 
 def diff_record(tok: Tokenizer, eng: EngineEntry, rec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -48,6 +48,7 @@ def _schema():
         ("billed_completion_tokens", pa.int64()), ("billed_reasoning_tokens", pa.int64()),
         ("provider", pa.string()), ("usage_error", pa.string()), ("line", pa.int64()),
         ("ids_source", pa.string()), ("billed_cached_tokens", pa.int64()), ("cost", pa.float64()),
+        ("serving", pa.string()),  # the serving profile of the row (--serving; null for an error row)
     ])
 
 
@@ -275,7 +276,8 @@ def mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
     for k in dups:
         row = rows[k]
         row.update(status="error", error=f"duplicate id {row['id']!r} (first at line {first[row['id']]})", prompt_ids=[],
-                   completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[])
+                   completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[],
+                   serving=None)
     return pa.Table.from_pylist(rows, schema=table.schema)
 
 

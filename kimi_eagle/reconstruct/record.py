@@ -106,6 +106,7 @@ class ReconstructedRow:
     ids_source: str | None = None  # "logprobs" (the answer's logprob tokens) or "text" (encoded from the text)
     billed_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     cost: float | None = None  # usage.cost
+    serving: str | None = None  # the serving profile the row was reconstructed with (kimi_eagle.chat.serving)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a dict (shallow: the ID lists are shared, not copied)."""
@@ -348,7 +349,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         billed_completion_tokens=_opt_int(usage.get("completion_tokens")), **usage_details(response),
         billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")), ids_source=ids_source,
         provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
-    )
+        serving=getattr(options, "serving", PROFILES["template"]).name)
 
 
 def error_row(rid: str, error: str, fmt_name: str, record: Any = None) -> ReconstructedRow:

@@ -21,6 +21,11 @@ In the ``kimi-k2.5`` chat format (a tiny-kimi model, kimi_eagle.apps.tiny_kimi) 
 the sampled IDs are parsed by the kit's Kimi parser (kimi_eagle.chat.parse) into
 ``reasoning``, ``content`` and ``tool_calls`` with ``finish_reason`` ``stop``/``tool_calls``/``length``,
 as SGLang/vLLM's Kimi parsers answer; the engine record logs the parser's flags as ``parse_flags``.
+
+Bounds: a body over ``MAX_BODY_BYTES`` is a JSON 413 as soon as its ``Content-Length`` (or the bytes read so far)
+says so; parsing, rendering and tokenising run in worker threads (bodies over ``LARGE_BODY_BYTES`` one at a time), so
+``/health`` answers meanwhile; a ``plain``/completions prompt whose text cannot fit the context is refused before it
+is tokenised; a refused large prompt's memory is given back to the OS (``release_memory``).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -56,6 +62,7 @@ from kimi_eagle.engine.local import (
     SamplingParams,
     TemplateRefused,
     engine_record,
+    message_text,
 )
 from kimi_eagle.io import JsonlAppender
 
@@ -66,6 +73,15 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ContextRefused(RequestError):
+    """A prompt longer than the context, found before sampling; a streamed request still gets it as OpenRouter's
+    mid-stream error chunk, as when the engine finds it."""
+
+    def __init__(self, message: str, stream: bool, provider: str) -> None:
+        super().__init__(400, message)
+        self.stream, self.provider = stream, provider
 
 
 def _error_body(status: int, message: str) -> dict[str, Any]:
@@ -116,6 +132,19 @@ def _logprobs_request(body: dict[str, Any]) -> int | None:
     if top is not None and not asked:
         raise RequestError(400, "top_logprobs needs logprobs: true")
     return (top or 0) if asked else None
+
+
+BYTE_PROBE = "a\u0378\U0001f9ff\ufffd\u01c5\u20ac\x7f\U0010fffd z"  # unassigned, private-use, rare, control
+
+
+def max_token_bytes(tok: Any) -> int:
+    """The most bytes of text one token of ``tok`` can spell, or 0 (unbounded) for a tokenizer that is not byte-faithful:
+    one whose tokens' bytes do not spell a probe of unassigned and rare characters (an unknown token, which may
+    stand for any run of text)."""
+    ids = tok.encode(BYTE_PROBE)
+    if not b"".join(tok.token_bytes(i) for i in ids).endswith(BYTE_PROBE.encode("utf-8")):
+        return 0
+    return max(max(map(len, tok.token_table)), *(len(t.encode("utf-8")) for t in tok.special_text_by_id.values()), 1)
 
 
 def logprobs_content(gen: Generation, engine: Engine) -> list[dict[str, Any]]:
@@ -216,6 +245,9 @@ class App:
         self.keepalive_seconds = keepalive_seconds
         self._api_key = api_key
         self.stats = {"requests": 0, "delivered": 0, "errors": 0}
+        self._large_bodies = asyncio.Semaphore(1)  # one large prompt prepared at a time (see _prepared_job)
+        self._max_token_bytes: dict[str, int] = {}  # model name -> max_token_bytes(tokenizer), 0 for unbounded
+        self._prompt_lock = threading.Lock()  # prompts are rendered and tokenised in worker threads, one at a time
         routes = [
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -319,12 +351,21 @@ class App:
                 headers["Retry-After"] = _seconds(self.faults.config.retry_after)
             return JSONResponse(_error_body(status, message), status_code=status, headers=headers)
         try:
-            job = await self._job(request, chat)
+            job = await self._prepared_job(request, chat)
             if job.stream:
                 return SSEResponse(self._stream_events(job, request, fault), headers)
             gen = await run_in_threadpool(job.engine.generate, job.prompt_ids, job.sampling, job.logprobs)
         except Exception as e:
             failure = self._failure(e)
+            refused_stream = e.provider if isinstance(e, ContextRefused) and e.stream else None
+            job = None  # a rejected prompt's body and IDs go now (and its traceback with ``e``), not when this ends
+        else:
+            failure = None
+        if failure is not None:
+            if getattr(request.state, "body_bytes", 0) > LARGE_BODY_BYTES:
+                await run_in_threadpool(release_memory)
+            if refused_stream is not None:
+                return SSEResponse(self._refused_events(refused_stream, *failure), headers)
             return JSONResponse(_error_body(*failure), status_code=failure[0], headers=headers)
         parse_flags: list[str] = []
         response = self._response(gen, chat, job.provider, job.engine, parse_flags, job.logprobs)
@@ -345,9 +386,24 @@ class App:
         # anything else a request's content can provoke is the request's fault: a JSON 400, never a traceback
         return 400, f"invalid request: {type(e).__name__}: {e}"[:500]
 
-    async def _job(self, request: Any, chat: bool) -> "_Job":
-        """The request's body checked and its prompt rendered; a ``RequestError`` (or EngineError) says what is wrong."""
-        body = await _json_body(request)
+    async def _prepared_job(self, request: Any, chat: bool) -> "_Job":
+        """The request's body read (bounded) and turned into a job in a worker thread, so parsing, template rendering
+        and tokenising a large prompt never hold up the event loop (``/health`` answers meanwhile); bodies over
+        ``LARGE_BODY_BYTES`` are prepared one at a time, so concurrent huge prompts cannot multiply the peak memory."""
+        from starlette.concurrency import run_in_threadpool
+
+        raw = await read_body(request)
+        request.state.body_bytes = len(raw)
+        if len(raw) <= LARGE_BODY_BYTES:
+            return await run_in_threadpool(self._job, raw, chat)
+        async with self._large_bodies:
+            return await run_in_threadpool(self._job, raw, chat)
+
+    def _job(self, raw: bytes, chat: bool) -> "_Job":
+        """The body ``raw`` parsed and checked and its prompt rendered (in a worker thread); a ``RequestError`` (or
+        EngineError) says what is wrong. A prompt longer than the context is refused here, before sampling starts."""
+        body = parse_json_body(raw)
+        del raw
         if not isinstance(body, dict):
             raise RequestError(400, "request body must be a JSON object")
         if body.get("model") != self.engine.name:
@@ -358,14 +414,41 @@ class App:
         engine = self.providers[provider]
         sampling = _sampling(body)
         stream, include_usage = _stream_request(body, chat)
-        if chat:
-            _check_text(body.get("messages"), "messages")
-            prompt_ids = engine.prompt_ids(body.get("messages"), body.get("tools"))
-        else:
-            _check_text(body.get("prompt"), "prompt")
-            prompt_ids = engine.text_prompt_ids(body.get("prompt"))
+        _check_text(body.get("messages" if chat else "prompt"), "messages" if chat else "prompt")
+        self._refuse_text_beyond_context(engine, body.get("messages") if chat else body.get("prompt"), stream, provider)
+        with self._prompt_lock:  # a tokenizer's per-call settings (special spellings) are not thread-safe
+            if chat:
+                prompt_ids = engine.prompt_ids(body.get("messages"), body.get("tools"))
+            else:
+                prompt_ids = engine.text_prompt_ids(body.get("prompt"))
         logprobs = _logprobs_request(body) if chat and self.logprobs else None
+        del body
+        if engine.context_length and len(prompt_ids) >= engine.context_length:
+            raise ContextRefused(f"prompt has {len(prompt_ids)} tokens; the context length is {engine.context_length}",
+                                 stream, provider)
         return _Job(provider, engine, sampling, prompt_ids, logprobs, stream, include_usage)
+
+    def _refuse_text_beyond_context(self, engine: Engine, prompt: Any, stream: bool, provider: str) -> None:
+        """Refuse, before tokenising it, a prompt whose text alone cannot fit the context: where the chat format is
+        ``plain`` (or on ``/v1/completions``) the prompt's tokens spell at least its text's bytes, so it has at least
+        ``ceil(bytes / longest token)`` tokens. (Tokenising a 15 MB prompt costs ~40 s with the GIL held and ~2 GB.)
+        Template formats are not bounded this way: a template may drop text."""
+        if not engine.context_length or (isinstance(prompt, list) and engine.chat_format != "plain"):
+            return
+        if isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            text = "".join(message_text(m) for m in prompt)
+        else:
+            return  # the engine says what is wrong with it
+        per_token = self._max_token_bytes.get(engine.name)
+        if per_token is None:
+            per_token = self._max_token_bytes[engine.name] = max_token_bytes(engine.tok)
+        n_bytes = len(text.encode("utf-8"))
+        at_least = -(-n_bytes // per_token) + (engine.bos_id is not None) if per_token else 0
+        if at_least >= engine.context_length:
+            raise ContextRefused(f"prompt has at least {at_least} tokens ({n_bytes} bytes of text, at most {per_token}"
+                                 f" bytes a token); the context length is {engine.context_length}", stream, provider)
 
     def _log(self, request: Any, gen: Generation, job: "_Job", response: dict[str, Any], parse_flags: list[str]) -> None:
         """Append the engine record of a delivered answer."""
@@ -375,6 +458,12 @@ class App:
                                       engine.chat_format, response_id=response["id"], provider=job.provider,
                                       precision=engine.precision, **extra))
         self.stats["delivered"] += 1
+
+    async def _refused_events(self, provider: str, status: int, message: str) -> Any:
+        """A streamed request refused before sampling: a keep-alive, the error chunk, ``[DONE]``."""
+        yield KEEPALIVE
+        yield event(error_chunk(f"gen-{uuid.uuid4().hex}", self.engine.name, provider, int(time.time()), status, message))
+        yield DONE
 
     async def _stream_events(self, job: "_Job", request: Any, fault: Fault) -> Any:
         """The events of a streamed answer: keep-alive comments while the engine samples, then the chunks; a
@@ -448,6 +537,7 @@ class App:
 
 MAX_JSON_DEPTH = 64  # far deeper than any chat request; a 5,000-deep body is refused before parsing
 MAX_BODY_BYTES = 16 * 1024 * 1024
+LARGE_BODY_BYTES = 1 << 20  # bodies above this are prepared one at a time and their memory given back when refused
 
 
 def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -474,11 +564,44 @@ def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+async def read_body(request: Any, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, read chunk by chunk: a ``Content-Length`` over ``limit`` is a 413 before any byte is read,
+    and a body (chunked, or lying about its length) that passes ``limit`` is a 413 as soon as it does, so at most
+    ``limit`` bytes are ever held."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body over {limit} bytes (Content-Length {declared})")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            chunks.clear()
+            raise RequestError(413, f"request body over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def release_memory() -> None:
+    """Give the heap a rejected large prompt freed back to the OS: glibc keeps freed blocks in its arenas (RSS
+    stays at the peak otherwise); ``malloc_trim(0)`` returns them. A no-op where there is no glibc."""
+    import ctypes
+    import gc
+
+    gc.collect()  # a traceback cycle may still hold the prompt's frames; then trim what that freed
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 async def _json_body(request: Any) -> Any:
-    """The request body parsed as JSON, or a ``RequestError`` (400/413) saying why not."""
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise RequestError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    """The request body read (bounded) and parsed as JSON, or a ``RequestError`` (400/413) saying why not."""
+    return parse_json_body(await read_body(request))
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """``raw`` parsed as JSON, or a ``RequestError`` (400) saying why not; nesting is checked before parsing."""
     if json_depth_exceeds(raw):
         raise RequestError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
     try:

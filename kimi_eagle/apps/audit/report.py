@@ -20,6 +20,7 @@ from kimi_eagle.apps.reports.toolkit import (
     chart_embedder,
     draw_charts,
     figure,
+    finding,
     html_page,
     html_table,
     left_out_section,
@@ -167,6 +168,20 @@ def _consistency_html(summary: dict[str, Any], image: Image) -> list[str]:
             html_table(ranking.drop(columns=["ci95"], errors="ignore"))]
 
 
+def audit_finding(summary: dict[str, Any]) -> str:
+    """The page's one-line finding in plain words, from the divergence ranking (most divergent provider first)."""
+    ranking = summary.get("divergence_ranking") or []
+    if not ranking:
+        return f"no provider completions could be compared ({summary.get('requests', 0):,} requests)."
+    said = []
+    for r in ranking:
+        where = (f", first difference at token {r['median_first_divergence']:g} (median)"
+                 if r.get("median_first_divergence") is not None else "")
+        said.append(f"{r['provider']} returns a different completion than {r['against']} for {r['k']:,} of {r['n']:,} "
+                    f"prompts{where}")
+    return "; ".join(said) + "."
+
+
 def render_html(summary: dict[str, Any], charts: dict[str, Path], notes: list[dict[str, Any]] | None = None) -> str:
     """The audit's self-contained page (sections that fail become visible notes, listed near the top)."""
     notes = notes if notes is not None else []
@@ -181,6 +196,7 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], notes: list[di
         if summary.get("aborted") else []
     return html_page(f"kimi-eagle provider audit ({AUDIT_DATA} data)", [
         f"<h1>Provider audit: does each provider return what the model produces? — {AUDIT_DATA} data</h1>",
+        finding(html.escape(audit_finding(summary))),
         f"<p class='data {AUDIT_DATA}'>REAL data: greedy, seeded completions each provider returned for the same "
         "prompts, reconstructed to token IDs and compared by bytes and IDs.</p>",
         *stopped,

@@ -22,6 +22,7 @@ Exit codes: 0 every request answered (ok or a permanent error), 1 some requests 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -144,48 +145,69 @@ HUNK_COLUMNS = ("prompt_id", "a", "b", "hunk", "kind", "subclass", "a_tok_start"
                 "b_tok_end", "a_ids", "b_ids", "a_bytes", "b_bytes")
 
 
-def audit(prompts_path: str | Path, out_dir: str | Path, base_url: str, model: str, providers: Sequence[str],
-          reference: str | Path | None = None, repeats: int = 2, seed: int = 0, max_tokens: int | None = 64,
-          tokenizer_dir: str | Path | None = None, format_name: str = "kimi-k2.5", concurrency: int = 4,
-          max_attempts: int = 8, timeout: float = 120.0, progress: bool = True,
+@dataclass(frozen=True)
+class AuditOptions:
+    """What ``kimi-eagle audit`` asks each provider and how it reads the answers.
+
+    ``providers``: the provider names to route to (distinct, not the reference's name); ``reference``: engine records
+    of the same prompts (the model's own IDs), or None; ``repeats``: requests per prompt and provider (greedy, so any
+    difference between repeats is the provider's); ``serving``: the serving profile answers are reconstructed with
+    (``template``, ``moonshot``, ``vllm``, ``sglang``: :mod:`kimi_eagle.chat.serving`)."""
+
+    base_url: str
+    model: str
+    providers: tuple[str, ...]
+    reference: str | Path | None = None
+    repeats: int = 2
+    seed: int = 0
+    max_tokens: int | None = 64
+    tokenizer_dir: str | Path | None = None
+    format_name: str = "kimi-k2.5"
+    concurrency: int = 4
+    max_attempts: int = 8
+    timeout: float = 120.0
+    progress: bool = True
+    serving: str = "template"
+
+    def check(self) -> None:
+        """Raise ValueError naming the setting a user got wrong."""
+        names = list(self.providers)
+        if not names or len({n.lower() for n in names}) != len(names) or REFERENCE in names:
+            raise ValueError(f"--providers must name distinct providers (and not {REFERENCE!r}), got {names}")
+        if not (isinstance(self.repeats, int) and self.repeats >= 1):
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats!r}")
+        if self.reference is not None and not Path(self.reference).is_file():
+            raise ValueError(f"--reference {self.reference}: not a file")
+
+    def settings(self, tokenizer_dir: str | Path) -> dict[str, Any]:
+        """The settings block of ``summary.json``."""
+        return {"base_url": self.base_url, "model": self.model, "seed": self.seed, "max_tokens": self.max_tokens,
+                "temperature": 0, "format": self.format_name, "tokenizer": str(tokenizer_dir),
+                "reference": str(self.reference) if self.reference is not None else None, "serving": self.serving}
+
+
+def audit(prompts_path: str | Path, out_dir: str | Path, options: AuditOptions,
           api_key: str | None = None) -> dict[str, Any]:
-    """Run the audit into ``out_dir`` (see the module docstring); returns ``summary.json``'s content."""
-    from kimi_eagle.apps.api.collect import CollectConfig, collect
+    """Run the audit into ``out_dir`` (see the module docstring); returns ``summary.json``'s content.
+    ``api_key``: sent to ``base_url`` (None: ``$OPENROUTER_API_KEY``; ``""``: none)."""
+    from kimi_eagle.apps.api.collect import CollectConfig
     from kimi_eagle.assets import kimi_dir
-    from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
-    providers = list(providers)
-    if not providers or len(set(p.lower() for p in providers)) != len(providers) or REFERENCE in providers:
-        raise ValueError(f"--providers must name distinct providers (and not {REFERENCE!r}), got {providers}")
-    if not (isinstance(repeats, int) and repeats >= 1):
-        raise ValueError(f"--repeats must be >= 1, got {repeats!r}")
+    options.check()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out}: the output must be a directory")
-    config = CollectConfig(base_url, model, concurrency, max_attempts, timeout, progress=progress)  # validated here
-    tokenizer_dir = tokenizer_dir or kimi_dir()
+    config = CollectConfig(options.base_url, options.model, options.concurrency, options.max_attempts,
+                           options.timeout, progress=options.progress)  # validated here
+    tokenizer_dir = options.tokenizer_dir or kimi_dir()
     tok = load_tokenizer(tokenizer_dir)
-    prompts = read_prompts(prompts_path, model)
-    if reference is not None and not Path(reference).is_file():
-        raise ValueError(f"--reference {reference}: not a file")
-    collected: dict[str, Any] = {}
-    aborted = None
-    for provider in providers:
-        lines = [{"id": f"{pid}{REPEAT_SEP}{r}", "request": audit_request(body, provider, seed, max_tokens)}
-                 for pid, body, _ in prompts if body is not None for r in range(repeats)]
-        write_jsonl(out / "prompts" / f"{provider}.jsonl", lines)
-        api_path = out / "api" / f"{provider}.jsonl"
-        if lines:
-            summary = collect(out / "prompts" / f"{provider}.jsonl", api_path, config, api_key=api_key)
-            collected[provider] = {k: summary[k] for k in ("ok", "permanent", "exhausted", "bad_prompt", "retries")}
-            if summary["aborted"]:
-                aborted = f"{provider}: {summary['aborted']}"
-                break
-            reconstruct_file(api_path, out / "recon" / f"{provider}.parquet", tokenizer_dir, format_name,
-                             JobOptions(progress=False), tokenizer=tok)
-    completions = gather_completions(prompts, providers, repeats, out / "api", out / "recon")
-    ref = read_reference(reference, tok, [pid for pid, _, _ in prompts]) if reference is not None else None
+    prompts = read_prompts(prompts_path, options.model)
+    collected, aborted = _collect_providers(prompts, out, options, config, (tokenizer_dir, tok), api_key)
+    providers = list(options.providers)
+    completions = gather_completions(prompts, providers, options.repeats, out / "api", out / "recon")
+    ref = (read_reference(options.reference, tok, [pid for pid, _, _ in prompts])
+           if options.reference is not None else None)
     pairs, hunks = compare_all(tok, completions, providers, ref)
     _write_parquet([{**c.__dict__, "n_tokens": len(c.ids) if c.ids is not None else None}
                     for c in completions + list((ref or {}).values())], out / "completions.parquet", COMPLETION_COLUMNS)
@@ -196,14 +218,42 @@ def audit(prompts_path: str | Path, out_dir: str | Path, base_url: str, model: s
     for c in completions:
         key = "ok" if c.status == "ok" else f"error:{c.stage}"
         by_status[key] = by_status.get(key, 0) + 1
-    summary.update(prompts=len(prompts), bad_prompts=sum(body is None for _, body, _ in prompts), repeats=repeats,
-                   requests=len(completions), completions=by_status, collect=collected, aborted=aborted,
-                   settings={"base_url": base_url, "model": model, "seed": seed, "max_tokens": max_tokens,
-                             "temperature": 0, "format": format_name, "tokenizer": str(tokenizer_dir),
-                             "reference": str(reference) if reference is not None else None})
+    summary.update(prompts=len(prompts), bad_prompts=sum(body is None for _, body, _ in prompts),
+                   repeats=options.repeats, requests=len(completions), completions=by_status, collect=collected,
+                   aborted=aborted, settings=options.settings(tokenizer_dir))
     write_json(out / "summary.json", summary)
     write_audit_report(summary, out)
     return summary
+
+
+def _collect_providers(prompts: list, out: Path, options: AuditOptions, config: Any, tokenizer: tuple[Any, Any],
+                       api_key: str | None) -> tuple[dict[str, Any], str | None]:
+    """Ask every provider every prompt ``repeats`` times and reconstruct its answers with the options' serving
+    profile; returns the per-provider collect counts and why the run stopped (None when it did not)."""
+    from kimi_eagle.apps.api.collect import collect
+    from kimi_eagle.chat.serving import get_profile
+    from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
+    from kimi_eagle.reconstruct.record import serving_options
+
+    tokenizer_dir, tok = tokenizer
+    profile = get_profile(options.serving)
+    job = JobOptions(progress=False, completion=serving_options(profile), tool_declaration=profile.tool_declaration)
+    collected: dict[str, Any] = {}
+    for provider in options.providers:
+        lines = [{"id": f"{pid}{REPEAT_SEP}{r}",
+                  "request": audit_request(body, provider, options.seed, options.max_tokens)}
+                 for pid, body, _ in prompts if body is not None for r in range(options.repeats)]
+        write_jsonl(out / "prompts" / f"{provider}.jsonl", lines)
+        api_path = out / "api" / f"{provider}.jsonl"
+        if not lines:
+            continue
+        summary = collect(out / "prompts" / f"{provider}.jsonl", api_path, config, api_key=api_key)
+        collected[provider] = {k: summary[k] for k in ("ok", "permanent", "exhausted", "bad_prompt", "retries")}
+        if summary["aborted"]:
+            return collected, f"{provider}: {summary['aborted']}"
+        reconstruct_file(api_path, out / "recon" / f"{provider}.parquet", tokenizer_dir, options.format_name,
+                         job, tokenizer=tok)
+    return collected, None
 
 
 def matrix_text(summary: dict[str, Any]) -> str:

@@ -6,8 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from kimi_eagle.apps.audit.run import audit, matrix_text
+from kimi_eagle.apps.audit.run import AuditOptions, audit, matrix_text
 from kimi_eagle.apps.cli import NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_option
+from kimi_eagle.chat.serving import SERVING_CHOICES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,14 +27,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=POSITIVE_INT, default=4)
     p.add_argument("--max-attempts", type=POSITIVE_INT, default=8)
     p.add_argument("--timeout", type=POSITIVE_FLOAT, default=120.0)
+    p.add_argument("--serving", choices=SERVING_CHOICES, default="template",
+                   help="serving profile the answers are reconstructed with (kimi_eagle.chat.serving)")
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
-    summary = audit(args.prompts, args.out, args.base_url, args.model, providers, args.reference, args.repeats,
-                    args.seed, args.max_tokens, args.tokenizer, args.format, args.concurrency, args.max_attempts,
-                    args.timeout, progress=not args.no_progress)
+    options = AuditOptions(args.base_url, args.model, tuple(providers), args.reference, args.repeats, args.seed,
+                           args.max_tokens, args.tokenizer, args.format, args.concurrency, args.max_attempts,
+                           args.timeout, progress=not args.no_progress, serving=args.serving)
+    summary = audit(args.prompts, args.out, options)
     print(matrix_text(summary))
     print(json.dumps({"completions": summary["completions"], "divergence_ranking": summary["divergence_ranking"]},
                      indent=2))

@@ -8,45 +8,45 @@ import sys
 from typing import Any
 
 from kimi_eagle.apps.api.collect import API_KEY_ENV, CollectConfig, collect, exit_code, key_notice, provider_options
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, TOP_P, add_option
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompts", metavar="PROMPTS", help="prompts JSONL")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", required=True, help="responses JSONL (appended; rerun to resume)")
-    o.add_argument("--limit", type=int, help="only the first N prompts")
+    o.add_argument("--limit", type=POSITIVE_INT, help="only the first N prompts")
     o.add_argument("--no-progress", action="store_true")
     c = p.add_argument_group("connection")
     c.add_argument("--base-url", required=True, help="e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:8000/v1")
     c.add_argument("--model", required=True, help="API model name (a prompt line's own `model` wins; not a directory)")
-    c.add_argument("--concurrency", type=int, default=4)
-    c.add_argument("--timeout", type=float, default=120.0, help="seconds of silence allowed while connecting or reading")
-    add_option(c, "--response-timeout", type=float, default=900.0,
+    c.add_argument("--concurrency", type=POSITIVE_INT, default=4)
+    c.add_argument("--timeout", type=POSITIVE_FLOAT, default=120.0, help="seconds of silence allowed while connecting or reading")
+    add_option(c, "--response-timeout", type=POSITIVE_FLOAT, default=900.0,
                help="seconds for a whole attempt, first byte to last (a stream included); an endless or trickling "
                     "body ends here")
-    add_option(c, "--max-body-bytes", type=int, default=64 << 20,
+    add_option(c, "--max-body-bytes", type=POSITIVE_INT, default=64 << 20,
                help="bytes one reply may have (decoded, SSE framing included); a larger one is cut and retried")
     add_option(c, "--stream", action="store_true",
                help="request `stream: true` (with `stream_options.include_usage`) and assemble the chunks into the "
                     "same record a non-streaming request gives; a broken stream is kept as `stream_incomplete`")
     r = p.add_argument_group("retries")
-    r.add_argument("--max-attempts", type=int, default=8)
-    r.add_argument("--backoff-base", type=float, default=0.5)
-    r.add_argument("--backoff-max", type=float, default=30.0, help="seconds; also caps a server's Retry-After")
-    add_option(r, "--max-retry-after", type=float, default=None,
+    r.add_argument("--max-attempts", type=POSITIVE_INT, default=8)
+    r.add_argument("--backoff-base", type=NONNEG_FLOAT, default=0.5)
+    r.add_argument("--backoff-max", type=NONNEG_FLOAT, default=30.0, help="seconds; also caps a server's Retry-After")
+    add_option(r, "--max-retry-after", type=NONNEG_FLOAT, default=None,
                help="cap on a server's Retry-After in seconds (default: --backoff-max)")
     r.add_argument("--retry-errors", action="store_true", help="also redo stored permanent errors")
     s = p.add_argument_group("sampling (request defaults)")
-    s.add_argument("--temperature", type=float)
-    s.add_argument("--top-p", type=float)
-    s.add_argument("--max-tokens", type=int)
-    s.add_argument("--seed", type=int)
+    s.add_argument("--temperature", type=NONNEG_FLOAT)
+    s.add_argument("--top-p", type=TOP_P)
+    s.add_argument("--max-tokens", type=POSITIVE_INT)
+    s.add_argument("--seed", type=NONNEG_INT)
     s.add_argument("--extra", type=json.loads, default={}, help="JSON object merged into every request")
     add_option(s, "--logprobs", action="store_true",
                help="request `logprobs: true` (the tokens' bytes give the sampled segmentation, where the provider "
                     "returns them); stored as given")
-    add_option(s, "--top-logprobs", type=int, default=None, help="request `top_logprobs: K` (implies --logprobs)")
+    add_option(s, "--top-logprobs", type=NONNEG_INT, default=None, help="request `top_logprobs: K` (implies --logprobs)")
     g = p.add_argument_group("OpenRouter provider routing")
     g.add_argument("--provider", type=json.loads, help="a whole `provider` JSON object")
     g.add_argument("--provider-order")
@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q = p.add_argument_group("reasoning")
     q.add_argument("--reasoning", type=json.loads, help="a whole `reasoning` JSON object")
     q.add_argument("--reasoning-effort", choices=["minimal", "low", "medium", "high"])
-    q.add_argument("--reasoning-max-tokens", type=int)
+    q.add_argument("--reasoning-max-tokens", type=POSITIVE_INT)
     q.add_argument("--reasoning-exclude", action="store_true")
 
 

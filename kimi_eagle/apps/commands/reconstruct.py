@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from kimi_eagle.chat.formats import FORMATS, TOOL_DECLARATIONS
 from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile
 from kimi_eagle.io import check_jsonl
 from kimi_eagle.reconstruct.job import JobOptions, NothingToProcess, reconstruct_file
-from kimi_eagle.reconstruct.record import serving_groups, serving_options
+from kimi_eagle.reconstruct.record import serving_options
 from kimi_eagle.records import EXIT_NOTHING_PROCESSED, exit_status, positive_int
 
 
@@ -26,12 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (Kimi or HF; default: the Kimi tokenizer in the assets)")
     p.add_argument("--format", default="kimi-k2.5", choices=FORMATS, help="chat format (default kimi-k2.5)")
-    add_option(p, "--serving", choices=(*SERVING_CHOICES, "auto"), default="template",
+    add_option(p, "--serving", choices=(*SERVING_CHOICES, "auto"), default=None,
                help="what the provider's server did around the template (docs/reconstruct.md, 'Serving profiles'): "
                     "template (the jinja alone), moonshot (Moonshot's tokenizer: sorted TS tools), vllm, sglang "
                     "(their preprocessing and parsers), auto (per provider and dataset, the profile whose prompt "
-                    "counts match the billed usage.prompt_tokens; evidence in OUTPUT.serving.json); the options "
-                    "below override one field each (default template)")
+                    "counts match the billed usage.prompt_tokens, then completion_tokens; template where a group has no "
+                    "such evidence; evidence in OUTPUT.serving.json, written with --serving auto or when a group "
+                    "gets another profile than template); the options below override one field each (default auto)")
     p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default=None,
                    help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str); "
                         "default: the serving profile's")
@@ -50,33 +50,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 PARQUET_SUFFIXES = ("", ".parquet", ".pq")
 
 
-def auto_serving(args: argparse.Namespace, overrides: dict, options: Any) -> tuple[Any, Any]:
-    """``--serving auto``: choose each (provider, dataset)'s profile (kimi_eagle.chat.serving_choice), write the
+def auto_serving(args: argparse.Namespace, overrides: dict) -> tuple[Any, str, list[dict]]:
+    """``--serving auto``: choose each (provider, dataset)'s profile (kimi_eagle.reconstruct.auto_serving), write the
     evidence to OUTPUT.serving.json and print one line per group; the options carry the choice per group."""
-    from kimi_eagle.chat.serving_choice import choose_profiles, describe
-    from kimi_eagle.reconstruct.log_shapes import as_api_record
+    from kimi_eagle.chat.serving_choice import describe
+    from kimi_eagle.reconstruct.auto_serving import auto_options, choose_for_file
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
-    def records():
-        with open(args.input, "rb") as f:
-            for line in f:
-                try:
-                    yield as_api_record(json.loads(line))
-                except (ValueError, RecursionError):
-                    continue  # the job names every bad line; the choice only reads good ones
-
-    choices = choose_profiles(records(), load_tokenizer(args.tokenizer or kimi_dir()), args.format)
+    choices = choose_for_file(args.input, load_tokenizer(args.tokenizer or kimi_dir()), args.format)
     for c in choices:
         print(describe(c))
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(str(args.output) + ".serving.json").write_text(json.dumps(
-        {"rule": "auto", "summary": [describe(c) for c in choices], "groups": choices}, indent=1))
-    profiles = {(c["provider"], c["dataset"]): get_profile(c["profile"], **overrides) for c in choices}
-    names = {p.name for p in profiles.values()}
-    if len(names) == 1:  # one profile for the whole file: the job's format declares tools its way
-        profile = next(iter(profiles.values()))
-        return serving_options(profile, keep_tool_ids=args.keep_tool_ids), profile
-    return replace(options, serving_by_group=serving_groups(profiles)), get_profile("template", **overrides)
+    if args.serving == "auto" or any(c["profile"] != "template" for c in choices):  # a default run reconstructed as
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # template writes what it wrote before, no more
+        Path(str(args.output) + ".serving.json").write_text(json.dumps(
+            {"rule": "auto", "summary": [describe(c) for c in choices], "groups": choices}, indent=1))
+    options, tool_declaration = auto_options(choices, overrides, args.keep_tool_ids)
+    return options, tool_declaration, choices
+
+
+def rows_per_serving(path: str) -> dict[str, int]:
+    """``{profile: rows}`` of a written reconstruction (its ``serving`` column; error rows not counted)."""
+    import pyarrow.parquet as pq
+
+    values = pq.read_table(path, columns=["serving"]).column("serving").to_pylist()
+    return {name: values.count(name) for name in sorted({v for v in values if v is not None})}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,18 +83,20 @@ def run(args: argparse.Namespace) -> int:
         check_jsonl(args.input)  # a folder, Parquet, gzip, a JSON array: refused before any output
     overrides = dict(tool_declaration=args.tool_declaration, tool_ids=args.tool_ids,
                      omit_think_end_before_tools=True if args.omit_think_end_before_tools else None)
-    profile = get_profile("template" if args.serving == "auto" else args.serving, **overrides)
-    options = serving_options(profile, keep_tool_ids=args.keep_tool_ids)
-    if args.serving == "auto" and Path(args.input).exists():
-        options, profile = auto_serving(args, overrides, options)
+    profile = get_profile("template" if args.serving in (None, "auto") else args.serving, **overrides)
+    options, tool_declaration = serving_options(profile, keep_tool_ids=args.keep_tool_ids), profile.tool_declaration
+    if args.serving in (None, "auto") and Path(args.input).is_file():  # no --serving: auto
+        options, tool_declaration, _ = auto_serving(args, overrides)
     try:
         job = JobOptions(workers=args.workers, resume=args.resume, completion=options, shard_size=args.shard_size,
-                         progress=not args.no_progress, tool_declaration=profile.tool_declaration)
+                         progress=not args.no_progress, tool_declaration=tool_declaration)
         counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, job)
     except NothingToProcess as e:
         print(f"kimi-eagle reconstruct: nothing to process: {e}", file=sys.stderr)
         return EXIT_NOTHING_PROCESSED
     total = sum(counts.values())
     print(f"{args.output}: {total} rows, " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    print(f"{args.output}: rows per serving profile: "
+          + (", ".join(f"{k} {v}" for k, v in rows_per_serving(args.output).items()) or "none"))
     return exit_status(counts, counts.errors)
 

@@ -22,13 +22,28 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from kimi_eagle.apps.reports.toolkit import figure, html_page, linked_figures, save, verdict_color
+from kimi_eagle.apps.reports.toolkit import (
+    DATA_TAGS,
+    TOY_NOTE,
+    figure,
+    finding,
+    html_page,
+    linked_figures,
+    save,
+    verdict_color,
+)
 from kimi_eagle.apps.reports.toolkit import title as chart_title
 from kimi_eagle.io import atomic_path, write_text
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
 MAX_CHARTS = 24
 STATUS_ORDER = {"ok": 0, "failed": 1, "missing": 2}
+DATA_ORDER = {"simulated": 0, "real": 1, "toy": 3}  # display order: a toy model's runs last, apart from the rest
+TOY = "toy"
+TOY_COLOR = "#ad1457"
+# billing verdict counts (``metric.billing_<class>``) drawn as one stacked bar per run, like ``verdict``
+STACKED_SINGLES = {"billing verdict": ("billing_match", "billing_explained", "billing_unexplained", "billing_no_billing",
+                                       "billing_error")}
 
 
 def summary_frame(run_dir: Path, runs: list[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
@@ -58,6 +73,7 @@ def write_summary(run_dir: Path, runs: list[tuple[str, dict[str, Any]]], title: 
     df = summary_frame(run_dir, runs)
     with atomic_path(run_dir / "summary.parquet") as tmp:
         df.to_parquet(tmp, index=False)
+    df = by_data_kind(df)
     charts = comparison_charts(df, run_dir / "charts")
     write_text(run_dir / "summary.html", summary_html(df, [c.relative_to(run_dir) for c in charts], title))
     return df
@@ -80,8 +96,8 @@ def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
     for c in numeric:
         if c.count(".") >= 2:
             groups.setdefault(c.rsplit(".", 1)[0], []).append(c)
-    groups = {g: cols for g, cols in groups.items() if len(cols) >= 2}
-    grouped = {c for cols in groups.values() for c in cols}
+    groups = _stacked_groups(df, {g: cols for g, cols in groups.items() if len(cols) >= 2})
+    grouped = {c for cols in groups.values() for c in cols}  # drawn stacked, not as bars of their own
 
     paths: list[Path] = []
     for col in metrics:
@@ -103,9 +119,39 @@ def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
         if cols and len(paths) < MAX_CHARTS:
             name = group[len("metric."):]
             path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
-            save(stacked_chart(df[df[cols].notna().any(axis=1)], cols, name), path, tight=False)
-            paths.append(path)
+            save(stacked_chart(df[df.status == "ok"], cols, name), path, tight=False)  # every finished run, even
+            paths.append(path)  # one without this group (a billing-only run has no engine verdicts: "n/a")
     return paths
+
+
+def _stacked_groups(df: pd.DataFrame, groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The stacked charts: each group of counts, and :data:`STACKED_SINGLES` (e.g. the billing verdict classes)."""
+    out = dict(groups)
+    for name, keys in STACKED_SINGLES.items():
+        cols = [f"metric.{k}" for k in keys if f"metric.{k}" in df.columns
+                and all(_is_number(v) for v in df[f"metric.{k}"].dropna())]
+        if len(cols) >= 2:
+            out[f"metric.{name}"] = cols
+    return out
+
+
+def by_data_kind(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` ordered by data kind (simulated, real, other kinds, then a toy model's runs), the plan's order within."""
+    if "metric.data" not in df:
+        return df
+    rank = [DATA_ORDER.get(str(d), 2) if _present(d) else 4 for d in df["metric.data"]]
+    return df.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")
+
+
+def _is_toy(df: pd.DataFrame) -> list[bool]:
+    return [str(d) == TOY for d in df["metric.data"]] if "metric.data" in df else [False] * len(df)
+
+
+def _mark_toy(ax: Any, df: pd.DataFrame) -> None:
+    """A dashed line above a toy model's runs (drawn last: :func:`by_data_kind`), so they stand apart."""
+    toy = _is_toy(df)
+    if any(toy) and not all(toy):
+        ax.axhline(toy.index(True) - 0.5, color=TOY_COLOR, linestyle="--", linewidth=1)
 
 
 def readable(name: str) -> str:
@@ -130,9 +176,11 @@ def constant_metrics(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def run_labels(df: pd.DataFrame) -> list[str]:
-    """Each run's name, with its data kind (``simulated``/``real``) in brackets when its metrics say."""
+    """Each run's name, with its data kind (``simulated``/``real``) in brackets when its metrics say; a toy model's
+    run (``toy``) says it on a second line: ``[REAL engine, toy model (not Kimi's rates)]``."""
     data = df["metric.data"] if "metric.data" in df else pd.Series([None] * len(df), index=df.index)
-    return [f"{r} [{d}]" if _present(d) else str(r) for r, d in zip(df["run"], data)]
+    return [f"{r}\n{DATA_TAGS[TOY]}" if str(d) == TOY else f"{r} [{d}]" if _present(d) else str(r)
+            for r, d in zip(df["run"], data)]
 
 
 def _metric_columns(df: pd.DataFrame) -> list[str]:
@@ -156,9 +204,13 @@ def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:
     for col in cols:
         values = [float(_native(v)) if _is_number(v) else 0.0 for v in df[col]]
         bars = ax.barh(labels, values, left=left, label=readable(col.rsplit(".", 1)[1]),
-                       color=verdict_color(col.rsplit(".", 1)[1]))  # the reports' colours for verdicts
+                       color=verdict_color(col.rsplit(".", 1)[1].removeprefix("billing_")))  # the reports' colours
         ax.bar_label(bars, labels=[_fmt(v) if v else "" for v in values], fontsize=8, label_type="center")
         left = [a + b for a, b in zip(left, values)]
+    for i, absent in enumerate(df[cols].isna().all(axis=1)):
+        if absent:  # the run is shown, and says it has none of these counts
+            ax.text(0, i, "  n/a (not measured in this run)", va="center", fontsize=8, color="#555")
+    _mark_toy(ax, df)
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set(xlabel=f"{readable(name)} (stacked counts)", ylabel="run")
@@ -179,9 +231,16 @@ def bar_chart(df: pd.DataFrame, col: str, interval: tuple[str, str] | None = Non
         lo = [float(_native(v)) if _is_number(v) else val for v, val in zip(df[interval[0]], values)]
         hi = [float(_native(v)) if _is_number(v) else val for v, val in zip(df[interval[1]], values)]
         err = [[max(0.0, v - a) for v, a in zip(values, lo)], [max(0.0, b - v) for v, b in zip(values, hi)]]
-    bars = ax.barh(labels, values, xerr=err, color="#1976d2", capsize=4, error_kw={"ecolor": "#333"},
-                   label=readable(col) + (" (95% interval)" if interval else ""))
+    toy = _is_toy(df)
+    bars = ax.barh(labels, values, xerr=err, color=[TOY_COLOR if t else "#1976d2" for t in toy], capsize=4,
+                   error_kw={"ecolor": "#333"}, label=readable(col) + (" (95% interval)" if interval else ""))
     ax.bar_label(bars, labels=[_fmt(v) for v in values], fontsize=8, padding=4)
+    if any(toy):
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=TOY_COLOR, label=DATA_TAGS[TOY])], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(0, -0.25 - 0.6 / len(labels)))
+        _mark_toy(ax, df)
     ax.invert_yaxis()
     everything = [*values, *lo, *hi]
     if all(0.0 <= v <= 1.0 for v in everything):
@@ -220,18 +279,58 @@ def _data_note(df: pd.DataFrame) -> str:
     return ("<p class='data'>Data: " + ", ".join(f"{n} run{'s' if n != 1 else ''} on <b>{html.escape(k)}</b> data"
                                                for k, n in kinds.items())
             + ". Simulated runs measure the classifier on injected effects; their mismatch rates are set by "
-              "the simulator, not by real reconstructions.</p>")
+              "the simulator, not by real reconstructions.</p>"
+            + (f"<p class='data toy'><b>Toy-model runs (listed last, apart)</b> — {html.escape(TOY_NOTE)}</p>"
+               if TOY in kinds else ""))
+
+
+KIND_SAY = {"simulated": "simulated data (rates set by the injected effects)", "real": "real data",
+            TOY: "the toy model (REAL engine, not Kimi's rates)"}
+
+
+def _range(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}–{hi:.0%}"
+
+
+def batch_finding(df: pd.DataFrame) -> str:
+    """The page's one-line finding in plain words: how many runs finished, and per data kind the range of the
+    engine mismatch rate and of the billing unexplained rate over its finished runs."""
+    ok = df[df.status == "ok"]
+    parts = [f"{len(ok):,} of {len(df):,} runs finished"]
+    kinds = ok["metric.data"] if "metric.data" in ok else pd.Series([None] * len(ok), index=ok.index)
+    for kind in sorted({str(k) for k in kinds if _present(k)}, key=lambda k: DATA_ORDER.get(k, 2)):
+        rows = ok[kinds.map(str) == kind]
+        said = []
+        for col, what in (("metric.mismatch_rate", "the reconstruction differs from the engine in"),
+                          ("metric.billing_unexplained_rate", "the billed count is unexplained for")):
+            values = [float(_native(v)) for v in rows[col] if _is_number(v)] if col in rows else []
+            if values:
+                said.append(f"{what} {_range(values)} of records ({len(values)} run{'s' if len(values) != 1 else ''})")
+        if said:
+            parts.append(f"on {KIND_SAY.get(kind, kind + ' data')}, " + " and ".join(said))
+    return "; ".join(parts) + "."
+
+
+def _toy_row(df: pd.DataFrame, i: int, ncols: int) -> str:
+    """A header row before the first toy-model run of a table (runs are ordered by :func:`by_data_kind`)."""
+    toy = _is_toy(df)
+    if toy[i] and (i == 0 or not toy[i - 1]):
+        return f"<tr class='group toy'><th colspan='{ncols}'>{html.escape(DATA_TAGS[TOY])}</th></tr>"
+    return ""
 
 
 def _runs_table(df: pd.DataFrame, run_cols: list[str]) -> str:
     """One row per run: its status, data kind, duration and varying parameters, and links to its pages."""
-    th = ("<tr>" + "".join(f"<th>{html.escape('data' if c == 'metric.data' else readable(c))}</th>" for c in run_cols)
+    names = {"metric.data": "data", "metric.n_records": "records (n)"}
+    th = ("<tr>" + "".join(f"<th>{html.escape(names.get(c) or readable(c))}</th>" for c in run_cols)
           + "<th>notebook</th></tr>")
     body = []
-    for _, r in df.iterrows():
+    for i, (_, r) in enumerate(df.iterrows()):
         cells = "".join(_cell(c, r[c]) for c in run_cols)
         links = " ".join(f'<a href="{html.escape(str(r[k]))}">{k}</a>' for k in ("html", "notebook") if _present(r[k]))
-        body.append(f'<tr class="{html.escape(str(r["status"]))}">{cells}<td>{links}</td></tr>')
+        body.append(_toy_row(df, i, len(run_cols) + 1)
+                    + f'<tr class="{html.escape(str(r["status"]))}">{cells}<td>{links}</td></tr>')
     return f"<table>{th}{''.join(body)}</table>"
 
 
@@ -256,9 +355,10 @@ def _metric_tables(df: pd.DataFrame, metrics: list[str], intervals: dict[str, tu
         th = (f'<tr><th></th><th colspan="{len(cols)}">{html.escape(label)}</th></tr><tr><th>run</th>'
               + "".join(f"<th>{html.escape(readable(c.split('.', 2)[2] if group else c))}"
                         f"{' (95% interval)' if c in intervals else ''}</th>" for c in cols) + "</tr>")
-        rows = "".join(f'<tr class="{html.escape(str(r["status"]))}">{_cell("run", r["run"])}'
+        rows = "".join(_toy_row(df, i, len(cols) + 1) + f'<tr class="{html.escape(str(r["status"]))}">{_cell("run", r["run"])}'
                        + "".join(_cell(c, r[c], [r[b] for b in intervals[c]] if c in intervals else None) for c in cols)
-                       + "</tr>" for _, r in df.iterrows() if r["status"] == "ok" or any(_present(r[c]) for c in cols))
+                       + "</tr>" for i, (_, r) in enumerate(df.iterrows())
+                       if r["status"] == "ok" or any(_present(r[c]) for c in cols))
         tables.append(f"<table class='metrics'>{th}{rows}</table>")
     return tables
 
@@ -285,7 +385,8 @@ def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
     bounds = {c for iv in intervals.values() for c in iv}
     metrics = [c for c in metrics if c not in bounds]
     data_note = _data_note(df)
-    run_cols = ["run", "status", *(["metric.data"] if data_note else []), "duration_s", *varying]
+    run_cols = ["run", "status", *(["metric.data"] if data_note else []),
+                *(["metric.n_records"] if "metric.n_records" in df else []), "duration_s", *varying]
     metric_tables = _metric_tables(df, metrics, intervals)
     failures = _failures_html(df)
     fixed_html = "".join(f"<li><code>{html.escape(c[6:])}</code> = {html.escape(_show(df[c].iloc[0]))}</li>"
@@ -293,7 +394,8 @@ def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
     same_html = "".join(f"<li>{html.escape(readable(c))} = <b>{html.escape(_show(v))}</b></li>" for c, v in constant.items())
     imgs = linked_figures(charts)
     return html_page(title, [
-        f"<h1>{html.escape(title)}</h1><p>{len(df)} runs: {html.escape(head)}</p>",
+        f"<h1>{html.escape(title)}</h1>", finding(html.escape(batch_finding(df))),
+        f"<p>{len(df)} runs: {html.escape(head)}</p>",
         data_note,
         f"<p>Fixed parameters:</p><ul>{fixed_html}</ul>" if fixed_html else "",
         f"<h2>Runs</h2>{_runs_table(df, run_cols)}",

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from kimi_eagle.apps.reports.toolkit import (
     SIGN_CONVENTION,
+    TOY_NOTE,
     VERDICT_COLORS,
     chart_embedder,
     count_axis,
@@ -53,11 +54,12 @@ from kimi_eagle.apps.reports.toolkit import (
 from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
 from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
 from kimi_eagle.io import atomic_path, write_json, write_text
+from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 EVIDENCE = "billing-only"
 EVIDENCE_TAG = "billing-only evidence"  # the second line of every chart title
-DATA_LABELS = ("real", "simulated")
+DATA_LABELS = ("real", "simulated", "toy")  # "toy": a toy model on the real engine (tiny-kimi)
 CLASS_COLORS = {c: VERDICT_COLORS[c] for c in ("match", "explained", "unexplained", "no_billing", "error")}  # the one scheme
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -358,7 +360,10 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
     return html_page("kimi-eagle billing-only report", [
         f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
         finding(html.escape(billing_finding(summary))),
-        BANNER.format(data=html.escape(data)), f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>", *left_out, *body,
+        BANNER.format(data=html.escape(data)), *([f"<p class='data toy'>{html.escape(TOY_NOTE)}</p>"] if data == "toy" else []),
+        f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>", *left_out,
+        *[f"<p class='serving'>{html.escape(t)}</p>" for t in [serving_line(summary.get("serving_by_provider"))] if t],
+        *body,
     ], "billing")
 
 # --------------------------------------------------------------------------------------------
@@ -375,6 +380,8 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     with atomic_path(out / "billing_records.parquet") as tmp:
         pq.write_table(pa.Table.from_pandas(records, schema=BILLING_SCHEMA, preserve_index=False), tmp)
     summary = summarize_billing(records, data)
+    if by_serving := serving_by_provider(recon_rows):  # the reconstruction's `serving` column (issue 23)
+        summary["serving_by_provider"] = by_serving
     notes: list[dict[str, Any]] = []
     charts = make_charts(records, summary, out, notes)
     by_id: dict[str, dict[str, Any]] = {}

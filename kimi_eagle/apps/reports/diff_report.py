@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from kimi_eagle.apps.reports.toolkit import (
     SIGN_CONVENTION,
+    TOY_NOTE,
     VERDICT_COLORS,
     chart_embedder,
     count_axis,
@@ -45,7 +46,6 @@ from kimi_eagle.apps.reports.toolkit import (
 from kimi_eagle.diff.classify import LABELS
 from kimi_eagle.diff.run import DiffResult
 from kimi_eagle.diff.summary import (
-    DATA_KINDS,
     LEFT_OUT_PARTS,
     MAX_NOTES,
     confusion,
@@ -58,6 +58,7 @@ from kimi_eagle.diff.summary import (
     summarize_diff,
 )
 from kimi_eagle.io import write_text
+from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
 
 if TYPE_CHECKING:
     from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -66,7 +67,9 @@ DATA_NOTES = {
     "simulated": "SIMULATED data: a labelled benchmark with injected effects; its rates measure the classifier, "
                  "not how often real reconstructions differ (they are set by how many effects were injected).",
     "real": "REAL data: engine token IDs against IDs reconstructed from the API text for the same generations.",
+    "toy": TOY_NOTE,
 }
+DATA_KINDS = tuple(DATA_NOTES)  # what ``data`` may be: simulated, real, or toy (a toy model on the real engine)
 BILLING_HEADERS = {"delta": "delta (billed − reconstructed)", "explained_by_hunks": "explained by hunks (engine − reconstructed)",
                    "unexplained": "unexplained (billed − engine)"}
 CHARTS = ("mismatch_rate_by_dataset", "verdicts", "hunk_sizes", "token_delta", "first_divergence", "billing", "confusion")
@@ -407,13 +410,14 @@ def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, P
         finding(html.escape(diff_finding(summary))),
         f"<p class='data {data}'>{DATA_NOTES.get(data, data)}</p>",
         f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>",
+        *[f"<p class='serving'>{html.escape(t)}</p>" for t in [serving_line(summary.get("serving_by_provider"))] if t],
         *_left_out_html(notes), *body,
     ], "report")
 def write_report(result: DiffResult, out_dir: str | Path, data: str | None = None,
                  tok: "Tokenizer | None" = None) -> dict[str, Any]:
     """Write summary.json, the charts and report.html into ``out_dir``; return the summary.
 
-    ``data`` (``"simulated"`` or ``"real"``; default: :func:`data_kind` of the records) is stated in the
+    ``data`` (``"simulated"``, ``"real"`` or ``"toy"`` for a toy model such as tiny-kimi; default: :func:`data_kind` of the records) is stated in the
     summary, the report's header and every chart title. With ``tok`` (the diff's tokenizer) the example-hunk
     table shows each token's bytes. Records and hunks that cannot be counted, and charts, sections or example
     hunks that fail, are left out with a visible note; ``summary["left_out"]`` counts them and says why
@@ -425,6 +429,8 @@ def write_report(result: DiffResult, out_dir: str | Path, data: str | None = Non
         raise ValueError(f"data must be one of {DATA_KINDS}, not {data!r}")
     screened, notes = screen_diff(result)
     summary = {"data": data, **summarize_diff(screened), "n_records": len(result.records)}
+    if by_serving := serving_by_provider(result.records):  # a `serving` column in the records (issue 23)
+        summary["serving_by_provider"] = by_serving
     charts = make_charts(screened, out, data, notes)
     summary["charts"] = {k: p.name for k, p in charts.items()}
     page = render_html(summary, screened, charts, tok, notes)

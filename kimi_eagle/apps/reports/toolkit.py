@@ -64,6 +64,9 @@ def figure(figsize: tuple[float, float], ncols: int = 1) -> tuple[Figure, Any]:
 
 DATA_TAGS = {"simulated": "[SIMULATED data]", "real": "[REAL data]",
              "toy": "[REAL engine, toy model (not Kimi's rates)]"}  # "toy": tiny-kimi, a barely trained model
+TOY_NOTE = ("REAL engine, toy model (not Kimi's rates): tiny-kimi, a small model over Kimi token IDs trained for minutes "
+            "on CPU, served by the real engine and collected through the real API path. It emits malformed outputs, so "
+            "its mismatch and billing rates say nothing about Kimi or any provider; they only show the kit end to end.")
 
 
 def data_tag(data: str) -> str:
@@ -84,8 +87,8 @@ def title(ax: Any, text: str, data: str | None = None, fontsize: float = 10.5, w
 
 def evidence_title(ax: Any, text: str, data: str, evidence: str) -> None:
     """Set ``ax``'s title with a second line naming the evidence and the data kind:
-    ``text\\n[billing-only evidence · real data]``."""
-    ax.set_title(f"{text}\n[{evidence} · {data} data]")
+    ``text\\n[billing-only evidence] [REAL data]`` (the data kind as :func:`data_tag` says it)."""
+    ax.set_title(f"{text}\n[{evidence}] {data_tag(data)}")
 
 
 def plain(label: Any) -> str:
@@ -194,6 +197,7 @@ img{max-width:100%;border:1px solid #eee}
 .data{padding:8px 12px;border-radius:4px;font-size:15px}
 .data.simulated{background:#fff3e0;border:2px solid #ef6c00}
 .data.real{background:#e8f5e9;border:2px solid #2e7d32}
+.data.toy,.banner.toy{background:#fce4ec;border:2px solid #ad1457}
 .banner{background:#fff3e0;border:1px solid #ff8f00;padding:.6em 1em}
 .left-out{background:#ffebee;border:2px solid #c62828;padding:6px 10px;border-radius:4px}
 pre{background:#f5f5f5;padding:8px;overflow:auto;white-space:pre-wrap}
