@@ -76,10 +76,13 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--mb", type=float, default=15.0)
     ap.add_argument("--deadline", type=float, default=100.0, help="stop sending after this many seconds")
+    ap.add_argument("--format", default=None, help="serve's chat format (default: the model's plain format; "
+                    "kimi-k2.5 renders the K2.5 format, so the prompt is tokenised before it can be refused)")
     args = ap.parse_args()
     body = big_body(args.mb)
     mb = 1 << 20
-    with tempfile.TemporaryDirectory() as tmp, LocalServer(stories_dir(), Path(tmp) / "engine.jsonl") as srv:
+    with tempfile.TemporaryDirectory() as tmp, LocalServer(
+            stories_dir(), Path(tmp) / "engine.jsonl", *(["--format", args.format] if args.format else [])) as srv:
         root = srv.base_url.removesuffix("/v1")
         time.sleep(0.5)
         idle = psutil.Process(srv.pid).memory_info().rss
@@ -96,7 +99,7 @@ def main() -> int:
             time.sleep(1.0)
         final = psutil.Process(srv.pid).memory_info().rss
         elapsed = time.monotonic() - start
-    print(f"body {len(body) / 1e6:.1f} MB x {args.prompts}; statuses {dict(statuses)}; {elapsed:.1f} s")
+    print(f"format {args.format or 'default'}; body {len(body) / 1e6:.1f} MB x {args.prompts}; statuses {dict(statuses)}; {elapsed:.1f} s")
     print(f"idle RSS {idle / mb:.0f} MB; peak RSS {watch.peak_rss / mb:.0f} MB ({watch.peak_rss / idle:.2f}x idle); "
           f"final RSS {final / mb:.0f} MB ({final / idle:.2f}x idle)")
     print(f"/health max latency {watch.max_latency:.3f} s; /health failures {watch.health_failures}")

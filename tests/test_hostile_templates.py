@@ -54,6 +54,7 @@ HOSTILE = {
     "indent_by_a_billion": ("{{ 'x\ny'|indent(1000000000) }}", "past the size bound"),
     "str_ljust_method": ("{{ 'x'.ljust(1000000000) }}", "past the size bound"),
     "str_zfill_method": ("{{ 'x'.zfill(1000000000) }}", "past the size bound"),
+    "expandtabs_to_a_billion": ("{{ ('\\t' * 1000).expandtabs(1000000) }}", "expandtabs()"),
     "format_method_width": ("{{ '{:>999999999}'.format(1) }}", "format width"),
     "format_method_width_from_an_argument": ("{{ '{:>{w}}'.format(1, w=999999999) }}", "past the size bound"),
     "percent_format_width": ("{{ '%999999999d' % 1 }}", "format width"),

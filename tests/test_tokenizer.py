@@ -146,3 +146,40 @@ def _utf8(b: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_long_texts_encode_to_the_same_ids_while_other_threads_keep_running():
+    """Over GIL_FREE_CHARS the HF tokenizer encodes through the batch call: the same IDs, and a thread beside it
+    is not stopped for the whole encode (the server's event loop answers /health meanwhile)."""
+    import threading
+    import time
+
+    from kimi_eagle.assets import stories_dir
+    from kimi_eagle.tokenize.tokenizer import GIL_FREE_CHARS, HFTokenizer
+
+    tok = HFTokenizer.from_dir(stories_dir())
+    text = ("Once upon a time, there was a little girl named Lily. <s> She liked to play. \n" * 40_000)
+    assert len(text) > GIL_FREE_CHARS
+    for allow_special in (False, True):
+        tok._tok.encode_special_tokens = not allow_special
+        reference = tok._tok.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text, allow_special=allow_special) == reference
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    start = time.perf_counter()
+    tok.encode(text * 3)
+    elapsed = time.perf_counter() - start
+    done.set()
+    thread.join(timeout=10)
+    assert max(gaps) < max(0.5, elapsed / 2), (max(gaps), elapsed)

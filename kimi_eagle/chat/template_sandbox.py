@@ -255,6 +255,8 @@ def _check_call(limit: int, fn: Any, args: tuple, kwargs: dict) -> None:
         _check_replace(limit, owner, args[0], args[1])
     elif name == "join" and args:
         _check_join(limit, owner, args[0])
+    elif name == "expandtabs":
+        _check_expandtabs(limit, owner, args[0] if args else kwargs.get("tabsize", 8))
 
 
 def _check_replace(limit: int, text: Any, old: Any, new: Any) -> None:
@@ -262,6 +264,12 @@ def _check_replace(limit: int, text: Any, old: Any, new: Any) -> None:
         hits = text.count(old) if old else len(text) + 1
         if len(text) + hits * (len(new) - len(old)) > limit:
             raise TemplateLimitError(f"chat template: a replace() past {limit} characters")
+
+
+def _check_expandtabs(limit: int, text: str, tabsize: Any) -> None:
+    """Each tab becomes at most ``tabsize`` spaces."""
+    if isinstance(tabsize, int) and len(text) + text.count("\t") * max(tabsize, 0) > limit:
+        raise TemplateLimitError(f"chat template: an expandtabs() past {limit} characters")
 
 
 def _check_join(limit: int, sep: Any, items: Any) -> None:

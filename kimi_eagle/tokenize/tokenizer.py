@@ -341,6 +341,11 @@ def _bytes_to_unicode() -> dict[str, int]:
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
+# texts longer than this are encoded through `tokenizers`' batch call, which releases the GIL (a server thread
+# tokenising a 15 MB prompt must not stop the event loop from answering /health)
+GIL_FREE_CHARS = 100_000
+
+
 class HFTokenizer(DerivedTables):
     """Any HF ``tokenizer.json`` (byte-level BPE like Qwen3/DeepSeek-V3, or SentencePiece-style BPE)."""
 
@@ -408,6 +413,8 @@ class HFTokenizer(DerivedTables):
         """
         tok = self._continuation_tok if continuation else self._tok
         tok.encode_special_tokens = not bool(allow_special)
+        if len(text) > GIL_FREE_CHARS:  # the same IDs; `encode_batch` lets other threads run while it works
+            return tok.encode_batch([text], add_special_tokens=False)[0].ids
         return tok.encode(text, add_special_tokens=False).ids
 
     @cached_property
