@@ -8,7 +8,6 @@ the field, never an exception from deeper down.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections import Counter
@@ -166,16 +165,6 @@ def error_table(reasons: Iterable[str | None], top: int = 10) -> str:
 
 EXIT_NOTHING_PROCESSED = 3  # a command ran but no record could be processed (empty input, every record an error)
 
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def exit_status(counts: dict[str, int], errors: list[str], ok: str = "ok") -> int:

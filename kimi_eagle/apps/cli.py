@@ -147,6 +147,8 @@ class Number:
         if self.kind is float and not math.isfinite(value):  # 1e999
             raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}"[:200])
         below = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        if below and not self.low_open and self.high is None:
+            raise argparse.ArgumentTypeError(f"must be at least {self.low:g}, not {value:g} (expected {self.describe()})")
         if below or (self.high is not None and value > self.high):
             raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}"[:200])
         return value

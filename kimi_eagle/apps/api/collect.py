@@ -337,16 +337,6 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
     return done, dropped
 
 
-def redact(text: str, secret: str | None) -> str:
-    """``text`` with ``secret`` in every form (raw, JSON-, ``\\u``- or percent-escaped) replaced by ``[REDACTED]``."""
-    return Redactor(secret)(text)
-
-
-def redact_value(value: Any, secret: str | None) -> Any:
-    """``value`` (JSON-like: dicts, lists, strings, numbers) with ``secret`` redacted from every string and key."""
-    return Redactor(secret).value(value)
-
-
 def stored_line(redactor: Redactor, text: str) -> str:
     """A serialised record as written: the key redacted, lone surrogates (which UTF-8 cannot hold) as ``\\u`` escapes."""
     return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", redactor(text))

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 
+from kimi_eagle.apps.cli import POSITIVE_INT
 from kimi_eagle.reconstruct.convert import SOURCES, _convert_file
-from kimi_eagle.records import exit_status, positive_int
+from kimi_eagle.records import exit_status
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", nargs="?", metavar="INPUT", help="dataset file (default: the bundled dataset for --from)")
     p.add_argument("--from", dest="source", required=True, choices=SOURCES)
     p.add_argument("-o", "--output", required=True, help="output JSONL of API records")
-    p.add_argument("--limit", type=positive_int, default=None, help="convert only the first N conversations")
+    p.add_argument("--limit", type=POSITIVE_INT, default=None, help="convert only the first N conversations")
 
 
 def run(args: argparse.Namespace) -> int:

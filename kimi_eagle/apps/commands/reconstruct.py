@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kimi_eagle.apps.cli import add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, add_option
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.completion import TOOL_ID_POLICIES
 from kimi_eagle.chat.formats import FORMATS, TOOL_DECLARATIONS
@@ -15,7 +15,7 @@ from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile
 from kimi_eagle.io import check_jsonl
 from kimi_eagle.reconstruct.job import JobOptions, NothingToProcess, reconstruct_file
 from kimi_eagle.reconstruct.record import serving_options
-from kimi_eagle.records import EXIT_NOTHING_PROCESSED, exit_status, positive_int
+from kimi_eagle.records import EXIT_NOTHING_PROCESSED, exit_status
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,9 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default=None,
                    help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str); "
                         "default: the serving profile's")
-    p.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
+    p.add_argument("--workers", type=POSITIVE_INT, default=1, help="worker processes (default 1)")
     p.add_argument("--resume", action="store_true", help="keep the finished shards of an interrupted run")
-    p.add_argument("--shard-size", type=positive_int, default=256, help="records per shard (the unit of resumption)")
+    p.add_argument("--shard-size", type=POSITIVE_INT, default=256, help="records per shard (the unit of resumption)")
     p.add_argument("--omit-think-end-before-tools", action="store_true",
                    help="no </think> before tool calls when a message has tool calls and no content (reasoning or not)")
     p.add_argument("--tool-ids", choices=TOOL_ID_POLICIES, default=None,
