@@ -249,7 +249,7 @@ def test_parse_completion_command(kimi, capsys):
 
 
 def test_the_playground_shows_the_api_message_of_pasted_ids(kimi):
-    from kimi_eagle.apps.widgets.inspector import CompletionPlayground
+    from kimi_eagle.apps.widgets.playground import CompletionPlayground
 
     raw = "hm<|tool_calls_section_begin|>" + WEATHER + "<|tool_calls_section_end|><|im_end|>"
     pg = CompletionPlayground(kimi, ids=str(ids(kimi, raw)))

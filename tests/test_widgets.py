@@ -6,7 +6,8 @@ import re
 import pytest
 from helpers import split_token
 
-from kimi_eagle.apps.widgets.inspector import DiffInspector, TokenizerPlayground, aligned_html, parse_ids
+from kimi_eagle.apps.widgets.inspector import DiffInspector, aligned_html, parse_ids
+from kimi_eagle.apps.widgets.playground import TokenizerPlayground
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.diff.classify import classify
 from kimi_eagle.diff.simulate import load_source_records, run_benchmark, simulate_samples, write_samples
