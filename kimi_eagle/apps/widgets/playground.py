@@ -90,8 +90,14 @@ class CompletionPlayground:
         self.parsed: Any = None
         for w in (self.ids, self.format, self.strip):
             w.observe(lambda _: self._render(), names="value")
-        self.widget = W.VBox([self.ids, W.HBox([self.format, self.strip]), self.html])
+        for w, name in ((self.ids, "ids"), (self.format, "format"), (self.strip, "strip"), (self.html, "view")):
+            w.add_class(f"ke-completion-{name}")  # stable hooks for browser tests
+        self.widget = SnapshotBox([self.ids, W.HBox([self.format, self.strip]), self.html], snapshot=self.snapshot_html)
         self._render()
+
+    def snapshot_html(self) -> str:
+        """The current view as static HTML: the pasted IDs as written, then the parsed message."""
+        return f"<p>IDs: <code>{html.escape(self.ids.value)}</code></p>{self.html.value}"
 
     def _render(self) -> None:
         from kimi_eagle.chat.parse import ParseOptions, parse_completion
