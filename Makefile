@@ -4,12 +4,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test lint test-browser bench clean
+.PHONY: install demo test lint test-browser test-scale bench clean
 
 $(STAMP): pyproject.toml requirements-interop.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,interop]'
+	$(PY) -m pip install -q -e '.[dev,interop,scale]'
 	$(PY) -m pip install -q --no-deps -r requirements-interop.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kimi-eagle)"
 	touch $(STAMP)
@@ -28,6 +28,10 @@ test: install lint
 
 test-browser: install
 	$(PY) -m pytest --timeout 600 -m browser tests
+
+# reconstruct_batch in the scale-out engines alone: datasets.map (2 processes) and Ray Data on a local Ray (part of `make test` too)
+test-scale: install
+	$(PY) -m pytest --timeout 600 tests/test_reconstruct_batch.py tests/test_ray_data.py
 
 # the timing benchmarks; the end-to-end measurement (bench/e2e_stories.py, ~30 min) is run on its own
 bench: install

@@ -1,23 +1,27 @@
-"""Reconstruction throughput: the file job against the in-process core, worker scaling, stage shares, memory.
+"""Reconstruction throughput: the file job against the in-process core, worker scaling, stage costs, memory.
 
 Records: the converted ShareGPT and glaive datasets (``kimi-eagle convert``, 8,498 records), repeated
-with distinct ids to ``--records``; format ``kimi-k2.5``.
-  bare tiktoken   : ``tiktoken.Encoding.encode`` of the completion strings of the first 10,000 records
-  in process      : ``reconstruct_record`` over the already-parsed records (first 10,000; fresh cache)
-  1 / N workers   : ``reconstruct_file`` end to end (JSONL in, parquet out), tokenizer preloaded, on
-                    all records and on the first 10,000
-Throughput is records/s (completion tokens/s for the bare encode). Best of ``--repeats``,
-interleaved; wall-clock and CPU time (this process and its workers: the steadier measure on a
-shared machine). Stage shares: the job's steps timed one by one in CPU time on 10,000 records.
-``--memory``: peak RSS of ``kimi-eagle reconstruct`` (a subprocess, 1 worker) at 1x, 10x and 100x
-of 1,000 records.
-Targets: 1 worker >= 0.8x in process; N workers >= 0.85*N x 1 worker (N = 2), also at 10,000 records.
-Usage: python bench/reconstruct.py [--records 20000] [--repeats 2] [--workers 2] [--memory]
+with distinct ids (``id#copy``) to ``--records`` (default 100,000) and to ``--small`` (10,000); format ``kimi-k2.5``.
+  bare tiktoken : ``tiktoken.Encoding.encode`` of the completion strings of the small set
+  in process    : ``reconstruct_record`` over the already-parsed small set (full rows: prompt rendering and
+                  encoding included; fresh encoder cache) -- the baseline of issue #28
+  1 / N workers : ``reconstruct_file`` end to end (JSONL in, parquet out), in a child process that has loaded
+                  the tokenizer and warmed up on 1,000 records; one child per input size, so its peak RSS is
+                  the memory of that size (1,000 records: the base; the small set 10x, the big set 100x)
+Throughput is records/s, best of ``--repeats`` (the big set: best of ``--big-repeats``), interleaved. Each
+run also gives its CPU time (this process and its workers) and its main thread's CPU time: on a loaded
+machine the wall clock is shared with other jobs, while "1 worker main-thread CPU / in-process CPU" is what
+the wall ratio becomes when a spare core runs the job's helper threads (scan + hash, IPC + parquet writer).
+Stage costs: the job's steps timed one by one (CPU, per shard as the job runs them) on the small set, with
+the thread or process each runs in; they feed the scaling model printed last (docs/scale.md).
+Targets: 1 worker >= 0.8x in process; N workers >= 0.85*N x 1 worker (N = 2), at the big set and at 10,000.
+Usage: python bench/reconstruct.py [--records 100000] [--small 10000] [--repeats 2] [--big-repeats 1] [--workers 2]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -27,32 +31,32 @@ import time
 from pathlib import Path
 
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.chat.encoder import PieceEncoder
-from kimi_eagle.chat.formats import get_format
-from kimi_eagle.io import parse_line
-from kimi_eagle.reconstruct import job as J
 from kimi_eagle.reconstruct.convert import convert_file
-from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
-from kimi_eagle.reconstruct.record import reconstruct_record
-from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 SMALL = 10_000
+BASE = 1_000  # the records of the memory base and of each child's warm-up
+PLACEHOLDER = "\x00bench-id\x00"
 
 
 def make_records(tmp: Path, n: int) -> Path:
-    """``n`` records: the bundled datasets repeated, ids made distinct (``id#copy``)."""
-    base: list[bytes] = []
+    """``n`` records: the bundled datasets repeated, ids made distinct (``id#copy``); each record is the
+    ``json.dumps`` of the converted record with its new id (each base record is serialised once)."""
+    path = tmp / f"records-{n}.jsonl"
+    if path.exists():
+        return path
+    base: list[tuple[bytes, str]] = []
     for name in ("sharegpt", "glaive"):
         part = tmp / f"{name}.jsonl"
         if not part.exists():
             convert_file(name, None, part)
-        base += part.read_bytes().splitlines()
-    path = tmp / f"records-{n}.jsonl"
+        for line in part.read_bytes().splitlines():
+            r = json.loads(line)
+            base.append((json.dumps({**r, "id": PLACEHOLDER}, ensure_ascii=False).encode(), r["id"]))
+    hole = json.dumps(PLACEHOLDER).encode()
     with open(path, "wb") as out:
         for k in range(n):
-            r = json.loads(base[k % len(base)])
-            r["id"] = f"{r['id']}#{k // len(base)}"
-            out.write(json.dumps(r, ensure_ascii=False).encode() + b"\n")
+            text, rid = base[k % len(base)]
+            out.write(text.replace(hole, json.dumps(f"{rid}#{k // len(base)}", ensure_ascii=False).encode(), 1) + b"\n")
     return path
 
 
@@ -61,62 +65,130 @@ def cpu() -> float:
     return sum(r.ru_utime + r.ru_stime for r in rs)
 
 
-def stage_shares(src: Path, tok, fmt) -> dict[str, float]:
-    """CPU seconds of each step of the file job on ``src``, run one after another (1 worker)."""
+def timed(fn) -> tuple[float, float, float]:
+    """``(wall, CPU of the process and its reaped children, CPU of this thread)`` seconds of ``fn()``."""
+    w, c, m = time.perf_counter(), cpu(), time.thread_time()
+    fn()
+    return time.perf_counter() - w, cpu() - c, time.thread_time() - m
+
+
+# --------------------------------------------------------------------------------------------
+# child: the file job on one input, in a fresh process
+
+
+def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path) -> dict:
+    """Load the tokenizer, warm up on ``warm``, then time ``reconstruct_file`` on ``src`` for each worker
+    count (interleaved, ``repeats`` times); also the start-up of a pool on one shard. Peak RSS included."""
+    from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
+    from kimi_eagle.tokenize.tokenizer import KimiTokenizer
+
+    t = time.perf_counter()
+    tok = KimiTokenizer.from_dir(kimi_dir())
+    load_s = time.perf_counter() - t
+
+    def job(path: Path, n: int):
+        return lambda: reconstruct_file(path, out_dir / f"out-{os.getpid()}-{n}.parquet", kimi_dir(), "kimi-k2.5",
+                                        JobOptions(workers=n, progress=False), tokenizer=tok)
+
+    warm_s = timed(job(warm, 1))[0]
+    runs: dict[str, list] = {str(n): [] for n in workers}
+    for _ in range(repeats):
+        for n in workers:
+            runs[str(n)].append(timed(job(src, n)))
+    one = out_dir / f"one-shard-{os.getpid()}.jsonl"
+    one.write_bytes(b"".join(warm.read_bytes().splitlines(keepends=True)[:256]))
+    startup = {str(n): min(timed(job(one, n))[0] for _ in range(3)) for n in (1, 2)}
+    return {"runs": runs, "load_s": load_s, "warm_s": warm_s, "one_shard_s": startup,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def run_child(src: Path, warm: Path, workers: list[int], repeats: int, tmp: Path) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(src), "--warm", str(warm), "--workers-list",
+           ",".join(map(str, workers)), "--repeats", str(repeats), "--tmp", str(tmp)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"child failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# stage costs and the scaling model
+
+
+WHERE = {"scan + sha256": "scan thread", "read lines": "worker", "JSON parse": "worker", "reconstruct": "worker",
+         "row dicts": "worker", "Arrow columns": "worker", "shard info": "worker", "IPC shard write": "worker*",
+         "IPC shard read": "parent", "duplicates": "parent", "parquet write": "writer thread"}
+
+
+def stage_costs(src: Path, tok, fmt) -> dict[str, float]:
+    """CPU seconds of each step of the file job on ``src``, shard by shard as the job runs them (one thread)."""
     import pyarrow.parquet as pq
 
-    t: dict[str, float] = {}
+    from kimi_eagle.chat.encoder import PieceEncoder
+    from kimi_eagle.io import parse_line
+    from kimi_eagle.reconstruct import job as J
+    from kimi_eagle.reconstruct.record import reconstruct_record
+
+    t = dict.fromkeys(WHERE, 0.0)
 
     def step(name, fn):
         c = time.process_time()
         out = fn()
-        t[name] = time.process_time() - c
+        t[name] += time.process_time() - c
         return out
 
+    J.rows_table([])  # pyarrow's first conversion imports pandas: not a cost of the steps
     _, starts, _ = step("scan + sha256", lambda: J._shard_starts(src, 256))
-    shards = step("read lines", lambda: [J._read_shard(src, o, ln, 256) for o, ln in starts])
-    parsed = step("JSON parse", lambda: [[parse_line(raw, ln)[0] for ln, raw in s] for s in shards])
-    enc = PieceEncoder(tok)
-    rows = step("reconstruct", lambda: [[(reconstruct_record(p.obj, tok, fmt, encoder=enc), p.lineno) for p in s]
-                                        for s in parsed])
-    dicts = [[{**r.to_dict(), "line": ln} for r, ln in s] for s in rows]
-    tables = step("Arrow columns", lambda: [J.rows_table(d) for d in dicts])
-    with tempfile.TemporaryDirectory() as d:
-        step("shard IPC write + read", lambda: [J.read_shard(J.write_shard(tb, Path(d) / f"{k}.arrow") or
-                                                             Path(d) / f"{k}.arrow") for k, tb in enumerate(tables)])
-        first: dict = {}
-        step("duplicates", lambda: [J.mark_duplicates(tb, first) for tb in tables])
-
-        def merge():
-            with pq.ParquetWriter(Path(d) / "out.parquet", J.reconstruction_schema(), use_dictionary=False) as w:
-                for tb in tables:
-                    w.write_table(tb)
-        step("parquet write", merge)
+    ends = [o for o, _ in starts[1:]] + [src.stat().st_size]
+    enc, first = PieceEncoder(tok), {}
+    with tempfile.TemporaryDirectory() as d, pq.ParquetWriter(Path(d) / "o.parquet", J.reconstruction_schema(),
+                                                              use_dictionary=False) as writer:
+        for k, ((offset, lineno), end) in enumerate(zip(starts, ends)):
+            lines = step("read lines", lambda: J._read_shard(src, offset, lineno, 256, end))
+            parsed = step("JSON parse", lambda: [(ln, parse_line(raw, ln)[0]) for ln, raw in lines])
+            rows = step("reconstruct", lambda: [(reconstruct_record(p.obj, tok, fmt, encoder=enc), ln) for ln, p in parsed])
+            dicts = step("row dicts", lambda: [{**r.to_dict(), "line": ln} for r, ln in rows])
+            table = step("Arrow columns", lambda: J.rows_table(dicts))
+            info = step("shard info", lambda: J.ShardInfo.of(table))
+            path = Path(d) / J.shard_name(k)
+            step("IPC shard write", lambda: J.write_shard(table, path))
+            step("IPC shard read", lambda: J.read_shard(path))
+            step("duplicates", lambda: J._duplicate_rows(info, first))
+            step("parquet write", lambda: writer.write_table(table))
     return t
 
 
-def peak_rss(src: Path, tmp: Path) -> float:
-    """Peak RSS (MB) of ``kimi-eagle reconstruct src`` with 1 worker, in a fresh process."""
-    code = ("import resource, sys; from kimi_eagle.apps.cli import main; main(sys.argv[1:]);"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    out = subprocess.run([sys.executable, "-c", code, "reconstruct", str(src), "-o", str(tmp / "mem.parquet"),
-                          "--no-progress"], capture_output=True, text=True, check=True)
-    return int(out.stdout.split()[-1]) / 1024
+def model_seconds(per_record: dict[str, float], fixed: dict[str, float], records: int, workers: int, cores: int) -> float:
+    """Predicted wall seconds of the file job: fixed start-up, then the slowest of the pipeline's lanes.
+
+    ``per_record`` (seconds a record): ``worker`` (a worker's CPU), ``parent`` (the parent's GIL-holding merge
+    work: IPC read + duplicates; none with one worker), ``writer`` (the parquet encode, one thread), ``scan``
+    (the scan + SHA-256, one thread). ``fixed``: ``start`` (once a run), ``per_worker`` (each forked worker,
+    serial in the parent), ``tail`` (the last shard's parquet write and close). Lanes: the workers
+    (``records * worker / workers``), the writer thread, the scan thread, the parent, and the CPU they all
+    share (``records * (worker + parent + writer + scan) / cores``).
+    """
+    parent = per_record["parent"] if workers > 1 else 0.0
+    lanes = [records * per_record["worker"] / workers, records * per_record["writer"], records * per_record["scan"],
+             records * parent, records * (per_record["worker"] + parent + per_record["writer"] + per_record["scan"]) / cores]
+    start = fixed["start"] + (fixed["per_worker"] * workers if workers > 1 else 0.0)
+    return start + max(lanes) + fixed["tail"]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=20_000)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--memory", action="store_true", help="peak RSS at 1x, 10x, 100x of 1,000 records")
-    args = p.parse_args()
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def in_process_runs(small: Path, repeats: int) -> tuple[dict, int, int]:
+    """Best ``(wall, cpu, main)`` of the bare encode and of ``reconstruct_record`` over the parsed small set."""
+    from kimi_eagle.chat.encoder import PieceEncoder
+    from kimi_eagle.chat.formats import get_format
+    from kimi_eagle.reconstruct.record import reconstruct_record
+    from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
     tok = KimiTokenizer.from_dir(kimi_dir())
     fmt = get_format("kimi-k2.5")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-reconstruct-"))
-    big = make_records(tmp, args.records)
-    small = make_records(tmp, min(SMALL, args.records))
     records = [json.loads(line) for line in open(small, "rb")]
     encoder = PieceEncoder(tok)
     texts = [b"".join(tok.token_bytes(i) for i in reconstruct_record(r, tok, fmt, encoder=encoder).completion_ids).decode()
@@ -128,43 +200,97 @@ def main() -> None:
         for r in records:
             reconstruct_record(r, tok, fmt, encoder=enc)
 
-    def file_job(src: Path, workers: int):
-        return lambda: reconstruct_file(src, tmp / f"out-{workers}.parquet", kimi_dir(), "kimi-k2.5",
-                                        JobOptions(workers=workers, progress=False), tokenizer=tok)
+    runs: dict[str, list] = {"bare tiktoken": [], "in process": []}
+    for _ in range(repeats):
+        runs["bare tiktoken"].append(timed(lambda: [tok.encoding.encode(t, allowed_special="all") for t in texts]))
+        runs["in process"].append(timed(in_process))
+    return {name: best_of(r) for name, r in runs.items()}, n_tokens, len(records)
 
-    runs = {"bare tiktoken": (lambda: [tok.encoding.encode(t, allowed_special="all") for t in texts], len(records)),
-            "in process": (in_process, len(records)),
-            "1 worker": (file_job(big, 1), args.records), f"{args.workers} workers": (file_job(big, args.workers), args.records),
-            "1 worker @10k": (file_job(small, 1), len(records)),
-            f"{args.workers} workers @10k": (file_job(small, args.workers), len(records))}
-    best = {name: [float("inf"), float("inf")] for name in runs}
-    for _ in range(args.repeats):
-        for name, (fn, _) in runs.items():
-            w, c = time.perf_counter(), cpu()
-            fn()
-            best[name] = [min(best[name][0], time.perf_counter() - w), min(best[name][1], cpu() - c)]
-    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
-    print(f"records: {args.records:,} (and the first {len(records):,}); load average at the end: {load}")
-    rate = {name: (runs[name][1] / w, runs[name][1] / c) for name, (w, c) in best.items()}
-    print(f"{'bare tiktoken':22s}: {n_tokens / best['bare tiktoken'][0]:12,.0f} completion tokens/s")
-    for name in list(runs)[1:]:
-        print(f"{name:22s}: {rate[name][0]:10,.0f} records/s wall  {rate[name][1]:10,.0f} records/s of CPU")
-    n = args.workers
 
-    def ratio(a: str, b: str) -> str:
-        return f"wall {rate[a][0] / rate[b][0]:.2f}, cpu {rate[a][1] / rate[b][1]:.2f}"
+def best_of(runs: list) -> list[float]:
+    return [min(r[i] for r in runs) for i in range(3)]
 
-    print(f"1 worker / in process            : {ratio('1 worker', 'in process')}  (target >= 0.8)")
-    print(f"{n} workers / 1 worker             : wall {rate[f'{n} workers'][0] / rate['1 worker'][0]:.2f}"
-          f"  (target >= {0.85 * n:.2f}; wall only: CPU time does not scale)")
-    print(f"{n} workers / 1 worker @10k        : wall {rate[f'{n} workers @10k'][0] / rate['1 worker @10k'][0]:.2f}")
-    shares = stage_shares(small, tok, fmt)
-    total = sum(shares.values())
-    print("stage shares (CPU, 1 worker, 10k records): " + ", ".join(f"{k} {v / total:.0%}" for k, v in shares.items()))
-    if args.memory:
-        for scale in (1, 10, 100):
-            print(f"peak RSS at {1000 * scale:,} records: {peak_rss(make_records(tmp, 1000 * scale), tmp):,.0f} MB")
-    shutil.rmtree(tmp)
+
+def report(args, base: dict, inproc: dict, n_tokens: int, n_small: int, children: dict, costs: dict) -> None:
+    n, big, small = args.workers, children["big"], children["small"]
+    rate = {"in process": [n_small / v for v in inproc["in process"]]}
+    for label, c, size in (("", big, args.records), (" @small", small, n_small)):
+        for w in ("1", str(n)):
+            rate[f"{w} worker{'s' if w != '1' else ''}{label}"] = [size / v for v in best_of(c["runs"][w])]
+    print(f"records: {args.records:,} (big) and {n_small:,} (small); load average {os.getloadavg()[0]:.2f} "
+          f"{os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (1/5/15 min) at the end; {os.cpu_count()} cores")
+    print(f"{'bare tiktoken':26s}: {n_tokens / inproc['bare tiktoken'][0]:12,.0f} completion tokens/s")
+    for name, (w, c, m) in rate.items():
+        main = f"  {m:9,.0f} records/s of main-thread CPU" if name.startswith("1 ") else ""
+        print(f"{name:26s}: {w:9,.0f} records/s wall  {c:9,.0f} records/s of CPU{main}")
+    one, one_small, nw, nw_small = "1 worker", "1 worker @small", f"{n} workers", f"{n} workers @small"
+    print(f"1 worker / in process      : wall {rate[one][0] / rate['in process'][0]:.2f} (big), "
+          f"{rate[one_small][0] / rate['in process'][0]:.2f} (small, the same records); main-thread CPU / in-process CPU "
+          f"{rate[one][2] / rate['in process'][1]:.2f} (big), {rate[one_small][2] / rate['in process'][1]:.2f} (small)"
+          f"  (target >= 0.8)")
+    print(f"{n} workers / 1 worker       : wall {rate[nw][0] / rate[one][0]:.2f} (big), "
+          f"{rate[nw_small][0] / rate[one_small][0]:.2f} (small)  (target >= {0.85 * n:.2f}; wall only)")
+    total = sum(costs.values())
+    print(f"stage costs (CPU, {n_small:,} records, shard by shard; * = the writer thread with 1 worker):")
+    for name, sec in costs.items():
+        print(f"  {name:18s} {sec / n_small * 1e6:7.1f} us/record  {sec / total:5.1%}  [{WHERE[name]}]")
+    print(f"peak RSS (child process, 1 worker and {n} workers runs): {BASE:,} records {base['rss_mb']:,.0f} MB; "
+          f"{n_small:,} {small['rss_mb']:,.0f} MB ({small['rss_mb'] / base['rss_mb']:.2f}x); "
+          f"{args.records:,} {big['rss_mb']:,.0f} MB ({big['rss_mb'] / base['rss_mb']:.2f}x); largest worker "
+          f"{base['worker_rss_mb']:,.0f} / {small['worker_rss_mb']:,.0f} / {big['worker_rss_mb']:,.0f} MB")
+    model(costs, n_small, base, big, args.records)
+
+
+def model(costs: dict, n_small: int, base: dict, big: dict, records: int) -> None:
+    per = {k: v / n_small for k, v in costs.items()}
+    per_record = {"worker": sum(per[k] for k, where in WHERE.items() if where.startswith("worker")),
+                  "parent": per["IPC shard read"] + per["duplicates"], "writer": per["parquet write"],
+                  "scan": per["scan + sha256"]}
+    one_shard = base["one_shard_s"]  # the first run's own work is not start-up:
+    fixed = {"start": base["load_s"] + max(base["warm_s"] - BASE * per_record["worker"], 0.0),
+             "per_worker": max(one_shard["2"] - one_shard["1"], 0.0) / 2, "tail": per["parquet write"] * 256}
+    print(f"scaling model inputs: per record worker {per_record['worker'] * 1e6:.1f} us, parent merge "
+          f"{per_record['parent'] * 1e6:.1f} us, parquet writer {per_record['writer'] * 1e6:.1f} us, scan "
+          f"{per_record['scan'] * 1e6:.1f} us; start-up {fixed['start']:.2f} s (tokenizer {base['load_s']:.2f} s + "
+          f"first-run costs), per worker {fixed['per_worker'] * 1e3:.0f} ms "
+          f"(one shard: 1 worker {one_shard['1'] * 1e3:.0f} ms, 2 workers {one_shard['2'] * 1e3:.0f} ms)")
+    for n_rec in (records, 10_000_000):
+        t1 = model_seconds(per_record, fixed, n_rec, 1, 2)
+        cells = [f"{n} workers on {n} cores {t1 / model_seconds(per_record, fixed, n_rec, n, n):.1f}x" for n in (2, 16, 64)]
+        print(f"model at {n_rec:,} records (1 worker {t1:,.0f} s): " + ", ".join(cells)
+              + f"; ceiling (the parquet writer) {per_record['worker'] / per_record['writer']:.0f}x")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=100_000)
+    p.add_argument("--small", type=int, default=SMALL)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--big-repeats", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--warm", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--workers-list", help=argparse.SUPPRESS)
+    p.add_argument("--tmp", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.warm, [int(w) for w in args.workers_list.split(",")], args.repeats,
+                               args.tmp)))
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="bench-reconstruct-"))
+    try:
+        warm, small, big = (make_records(tmp, n) for n in (BASE, min(args.small, args.records), args.records))
+        inproc, n_tokens, n_small = in_process_runs(small, args.repeats)
+        workers = [1, args.workers]
+        children = {"base": run_child(warm, warm, [1], 1, tmp), "small": run_child(small, warm, workers, args.repeats, tmp),
+                    "big": run_child(big, warm, workers, args.big_repeats, tmp)}
+        from kimi_eagle.chat.formats import get_format
+        from kimi_eagle.tokenize.tokenizer import KimiTokenizer
+
+        costs = stage_costs(small, KimiTokenizer.from_dir(kimi_dir()), get_format("kimi-k2.5"))
+        report(args, children["base"], inproc, n_tokens, n_small, children, costs)
+    finally:
+        shutil.rmtree(tmp)
 
 
 if __name__ == "__main__":

@@ -324,6 +324,9 @@ def parse_line(raw: bytes, lineno: int) -> list[Line]:
     Never raises for bad input: invalid UTF-8 (with the byte offset), bad JSON, numbers Python cannot
     read, nesting deeper than ``MAX_DEPTH`` and several values on one line all become error lines.
     """
+    ok, obj = fast_loads(raw)  # orjson accepts only strict UTF-8, so a value it gives needs no decode first
+    if ok:
+        return [Line(lineno, obj, None)]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -335,9 +338,6 @@ def parse_line(raw: bytes, lineno: int) -> list[Line]:
         bad = raw[e.start:e.end].hex(" ")
         return [Line(lineno, None, f"line {lineno}: invalid UTF-8 at byte {e.start} ({bad}: {e.reason}); "
                                   f"not UTF-8 text (CESU-8, Latin-1, a torn write?)", obj)]
-    ok, obj = fast_loads(raw)
-    if ok:
-        return [Line(lineno, obj, None)]
     try:
         obj = json.loads(text)
     except RecursionError:

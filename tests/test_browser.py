@@ -1,9 +1,14 @@
-"""One real-browser test: notebook 02 run in JupyterLab, driven in headless Debian chromium by Playwright.
+"""Real-browser tests: notebook 02 run in JupyterLab, driven in headless Debian chromium by Playwright.
 
 Part of ``make test`` whenever ``/usr/bin/chromium`` exists (``.ci/run`` installs it with apt-get; skipped
-otherwise); ``make test-browser`` runs it alone. Playwright's own browser download is never used. Every wait
-has a timeout; the server and its kernels are killed by process group. The screenshot and the server log are
-kept in ``test-artifacts/browser/``.
+otherwise); ``make test-browser`` runs them alone. Playwright's own browser download is never used. One
+JupyterLab server and one page serve every test here (module fixtures); every wait has a timeout; the server
+and its kernels are killed by process group. Screenshots and the server log are kept in
+``test-artifacts/browser/``.
+
+The copy of the notebook gets two extra cells: small parameters, and after the diff inspector a second
+inspector over one synthetic record whose hunks lie far apart (``far_hunks_inspector`` of
+tests/test_widgets.py), so that stepping through hunks has somewhere to scroll to.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import nbformat
 import pytest
 
 from kimi_eagle.assets import REPO_ROOT
+from kimi_eagle.diff.classify import SUBCLASSES
 
 pytestmark = pytest.mark.browser
 
@@ -32,6 +38,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "browser"
 NOTEBOOK = REPO_ROOT / "notebooks" / "02_bpe_diff_inspection.ipynb"
+FAR_CELL = """import sys
+sys.path.insert(0, {tests!r})
+from test_widgets import far_hunks_inspector
+
+inspector.widget.add_class("ke-nb")  # hooks that tell the notebook's inspector from this one
+far = far_hunks_inspector(tok)
+far.widget.add_class("ke-far")
+far.widget"""
 
 
 def free_port() -> int:
@@ -72,6 +86,8 @@ def lab(tmp_path_factory):
     k = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(k + 1, nbformat.v4.new_code_cell(
         f"sample_size = 1\nseed = 0\noutput_dir = {str(root / 'out')!r}"))
+    k = next(i for i, c in enumerate(nb.cells) if "DiffInspector.from_files" in c.source)
+    nb.cells.insert(k + 1, nbformat.v4.new_code_cell(FAR_CELL.format(tests=str(REPO_ROOT / "tests"))))
     nb.nbformat_minor = max(nb.nbformat_minor, 5)  # cell ids: every cell gets one
     for k, c in enumerate(nb.cells):
         c.setdefault("id", f"cell-{k}")
@@ -116,14 +132,16 @@ def kernel_idle(lab) -> bool:
     return any(s["kernel"]["execution_state"] == "idle" for s in sessions)
 
 
-def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path):
+@pytest.fixture(scope="module")
+def page(lab, tmp_path_factory):
+    """Chromium on the notebook with every cell run: the two inspectors and the playground are displayed."""
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1500, "height": 1100})
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1500, "height": 1100})
         context.set_default_timeout(30_000)
         try:
             page = context.pages[0] if context.pages else context.new_page()
@@ -132,51 +150,244 @@ def test_inspector_notebook_runs_filters_and_navigates_in_chromium(lab, tmp_path
             page.wait_for_function("() => window.jupyterapp !== undefined", timeout=90_000)
             wait_for(lambda: kernel_idle(lab), 90, "the notebook's kernel to be ready")
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-            position = page.locator(".ke-inspector-position")
-            position.wait_for(state="attached", timeout=240_000)
-            page.wait_for_function(
-                "() => { const e = document.querySelector('.ke-inspector-position');"
-                " return e && /hunk|no hunks/.test(e.textContent); }", timeout=60_000)
-
-            page.locator(".ke-inspector-verdict select").select_option("semantic", timeout=10_000)
-            page.locator(".ke-inspector-subclass select").select_option("tool_args_json_equal", timeout=10_000)
-            page.wait_for_function(  # the kernel has applied the filters: the selected record and its first hunk
-                "() => { const s = document.querySelector('.ke-inspector-record select');"
-                " const o = s && s.options[s.selectedIndex];"
-                " return o && o.textContent.includes('[tool_args_json_equal]')"
-                " && /hunk 1\\/\\d+/.test(document.querySelector('.ke-inspector-position').textContent); }",
-                timeout=90_000)
-            record = page.locator(".ke-inspector-record select option:checked").inner_text(timeout=10_000)
-            assert "#args_reserialised" in record and "[tool_args_json_equal]" in record
-            n = int(re.search(r"hunk 1/(\d+)", position.inner_text(timeout=10_000)).group(1))
-            expected = 1 % n + 1
-
-            page.locator(".ke-inspector-next button, button.ke-inspector-next").first.click(timeout=10_000)
-            page.wait_for_function(
-                f"() => document.querySelector('.ke-inspector-position').textContent.includes('hunk {expected}/{n}')",
-                timeout=90_000)
-            current = page.locator(".ke-inspector-view .ke-cur")
-            assert current.count() == 1
-            assert current.get_attribute("data-hunk", timeout=10_000) == str(expected - 1)
-            assert "label <b>tool_args_json_equal</b>" in page.locator(".ke-inspector-view").inner_html(timeout=10_000)
-
+            for scope in (".ke-nb", ".ke-far"):
+                page.locator(f"{scope} .ke-inspector-position").wait_for(state="attached", timeout=240_000)
+                page.wait_for_function(
+                    f"() => {{ const e = document.querySelector('{scope} .ke-inspector-position');"
+                    " return e && /hunk|no hunks/.test(e.textContent); }", timeout=60_000)
+            page.locator(".ke-completion-view .ke-message").wait_for(state="attached", timeout=120_000)
             news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's "notify about news?" toast
             if news.count():
                 news.first.click(timeout=5_000)
-            # the playground: its checkbox label is shown whole, its comparison names the pasted IDs
-            label = page.locator(".ke-playground-allow-special")
-            label.wait_for(state="attached", timeout=90_000)
-            clipped = label.evaluate("e => [...e.querySelectorAll('label, span')].some("
-                                     "x => x.textContent.trim() && x.scrollWidth > x.clientWidth + 1)", timeout=10_000)
-            assert not clipped, "the playground's checkbox label is cut off"
-            assert "special-token spellings become specials" in label.inner_text(timeout=10_000)
-
-            current.scroll_into_view_if_needed(timeout=10_000)
-            shot = ARTIFACTS / "inspector.png"
-            page.screenshot(path=str(shot), full_page=False, timeout=90_000)
-            assert shot.stat().st_size > 10_000
-            assert (lab["root"] / "out" / "metrics.json").is_file()
+            yield page
         finally:
             context.close()
             shutil.copy(lab["root"] / "jupyter.log", ARTIFACTS / "jupyter.log")
+
+
+def choose(page, selector: str, name: str) -> None:
+    """Pick the option of dropdown ``selector`` whose label starts with ``name`` (labels carry counts)."""
+    labels = page.locator(f"{selector} select option").all_inner_texts()
+    index = next(i for i, t in enumerate(labels) if t.replace("\xa0", " ").split(" ")[0] == name)
+    page.locator(f"{selector} select").select_option(index=index, timeout=10_000)
+
+
+def options(page, selector: str) -> list[str]:
+    return [t.replace("\xa0", " ") for t in page.locator(f"{selector} select option").all_inner_texts()]
+
+
+def wait_position(page, scope: str, pattern: str) -> str:
+    """Wait until the inspector's position reads ``pattern`` (a regex), meaning the kernel has rendered."""
+    page.wait_for_function(
+        "([s, p]) => { const e = document.querySelector(s + ' .ke-inspector-position');"
+        " return e && new RegExp(p).test(e.textContent); }", arg=[scope, pattern], timeout=90_000)
+    return page.locator(f"{scope} .ke-inspector-position").inner_text(timeout=10_000)
+
+
+def in_viewport(locator) -> dict:
+    """Where the element lies, and whether it is on screen: inside the window and topmost at its centre
+    (JupyterLab scrolls the notebook in a panel of its own, which could hide it while it is in the window)."""
+    return locator.evaluate(
+        "e => { const r = e.getBoundingClientRect(); const x = r.left + r.width / 2, y = r.top + Math.min(r.height / 2, 10);"
+        " const hit = document.elementFromPoint(x, y);"
+        " return {top: r.top, bottom: r.bottom, height: innerHeight,"
+        " visible: r.top >= 0 && r.bottom <= innerHeight && r.left >= 0 && r.right <= innerWidth"
+        " && !!hit && e.contains(hit)}; }", timeout=10_000)
+
+
+def style(locator, *props: str) -> list[str]:
+    return locator.evaluate("(e, ps) => { const s = getComputedStyle(e); return ps.map(p => s[p]); }",
+                            list(props), timeout=10_000)
+
+
+def test_inspector_notebook_runs_filters_and_navigates_in_chromium(page, lab, kimi):
+    position = page.locator(".ke-nb .ke-inspector-position")
+    choose(page, ".ke-nb .ke-inspector-verdict", "semantic")
+    choose(page, ".ke-nb .ke-inspector-subclass", "tool_args_json_equal")
+    page.wait_for_function(  # the kernel has applied the filters: the selected record and its first hunk
+        "() => { const s = document.querySelector('.ke-nb .ke-inspector-record select');"
+        " const o = s && s.options[s.selectedIndex];"
+        " return o && o.textContent.includes('[tool_args_json_equal]')"
+        " && /hunk 1\\/\\d+/.test(document.querySelector('.ke-nb .ke-inspector-position').textContent); }",
+        timeout=90_000)
+    record = page.locator(".ke-nb .ke-inspector-record select option:checked").inner_text(timeout=10_000)
+    assert "#args_reserialised" in record and "[tool_args_json_equal]" in record
+    n = int(re.search(r"hunk 1/(\d+)", position.inner_text(timeout=10_000)).group(1))
+    expected = 1 % n + 1
+    page.locator(".ke-nb .ke-inspector-next button, .ke-nb button.ke-inspector-next").first.click(timeout=10_000)
+    wait_position(page, ".ke-nb", f"hunk {expected}/{n}")
+    current = page.locator(".ke-nb .ke-inspector-view .ke-cur")
+    assert current.count() == 1
+    assert current.get_attribute("data-hunk", timeout=10_000) == str(expected - 1)
+    assert "label <b>tool_args_json_equal</b>" in page.locator(".ke-nb .ke-inspector-view").inner_html(timeout=10_000)
+    # hovering a chip tells its ID, its text (whitespace made visible) and its bytes
+    chip = current.locator(".ke-chip").first
+    token_id = int(chip.get_attribute("data-id", timeout=10_000))
+    lines = chip.get_attribute("title", timeout=10_000).split("\n")
+    assert len(lines) == 3 and f"id {token_id}" in lines[0] and lines[1].startswith("text “")
+    assert lines[2] == f"bytes {kimi.token_bytes(token_id).hex(' ')}"
+
+    # the playground: its checkbox label is shown whole
+    label = page.locator(".ke-playground-allow-special")
+    if label.count():
+        clipped = label.evaluate("e => [...e.querySelectorAll('label, span')].some("
+                                 "x => x.textContent.trim() && x.scrollWidth > x.clientWidth + 1)", timeout=10_000)
+        assert not clipped, "the playground's checkbox label is cut off"
+        assert "special-token spellings become specials" in label.inner_text(timeout=10_000)
+
+    current.scroll_into_view_if_needed(timeout=10_000)
+    shot = ARTIFACTS / "inspector.png"
+    page.screenshot(path=str(shot), full_page=False, timeout=90_000)
+    assert shot.stat().st_size > 10_000
+    assert (lab["root"] / "out" / "metrics.json").is_file()
+
+
+def test_verdict_then_subclass_lists_only_records_matching_both(page, lab):
+    import pandas as pd
+
+    r = pd.read_parquet(lab["root"] / "out" / "diff" / "records.parquet")
+    r = r[r["status"] == "ok"]
+    scope = ".ke-nb"
+    choose(page, f"{scope} .ke-inspector-subclass", "all")
+    choose(page, f"{scope} .ke-inspector-verdict", "semantic")
+    semantic = r[r["verdict"] == "semantic"]
+    counts = pd.Series([c for s in semantic["subclasses"] for c in s]).value_counts()
+    want = [f"all ({len(semantic)})"] + [f"{c} ({counts[c]})" for c in SUBCLASSES if c in counts]
+    page.wait_for_function("([s, n]) => document.querySelectorAll(s + ' select option').length === n",
+                           arg=[f"{scope} .ke-inspector-subclass", len(want)], timeout=90_000)
+    assert options(page, f"{scope} .ke-inspector-subclass") == want  # only what semantic records have, counted
+    sub = counts.index[0]
+    choose(page, f"{scope} .ke-inspector-subclass", sub)
+    both = semantic[semantic["subclasses"].map(lambda s: sub in list(s))]["id"].tolist()
+    page.wait_for_function(
+        "([s, n, sub]) => { const o = [...document.querySelectorAll(s + ' .ke-inspector-record select option')];"
+        " return o.length === n && o.every(x => x.textContent.includes('[' + sub + ']')); }",
+        arg=[scope, len(both), sub], timeout=90_000)
+    listed = [t.split("\xa0")[0] for t in page.locator(f"{scope} .ke-inspector-record select option").all_inner_texts()]
+    assert listed == both
+    head = page.locator(f"{scope} .ke-inspector-view p").first.inner_text(timeout=10_000)
+    assert f"{listed[0]} — verdict semantic" in head
+    # the subclass stays chosen when a verdict without it is picked: nothing matches, and the page says so
+    choose(page, f"{scope} .ke-inspector-verdict", "bpe_split")
+    page.wait_for_function(
+        "s => document.querySelector(s + ' .ke-inspector-view').textContent.includes('no record matches')",
+        arg=scope, timeout=90_000)
+    assert page.locator(f"{scope} .ke-inspector-record select option").count() == 0
+    assert f"{sub} (0)" in options(page, f"{scope} .ke-inspector-subclass")
+    page.locator(f"{scope} .ke-inspector-verdict").scroll_into_view_if_needed(timeout=10_000)
+    page.screenshot(path=str(ARTIFACTS / "inspector_filters.png"), timeout=90_000)
+    choose(page, f"{scope} .ke-inspector-subclass", "all")
+    split = r[r["verdict"] == "bpe_split"]["id"].tolist()
+    page.wait_for_function(
+        "([s, n]) => document.querySelectorAll(s + ' .ke-inspector-record select option').length === n"
+        " && /hunk/.test(document.querySelector(s + ' .ke-inspector-position').textContent)",
+        arg=[scope, len(split)], timeout=90_000)
+    assert options(page, f"{scope} .ke-inspector-subclass") == [f"all ({len(split)})"]  # splits have none
+
+
+def legend_matches_current(page, scope: str) -> str:
+    """Assert the current hunk's outline is the legend's "current hunk" swatch colour, and its border the
+    swatch of its kind; return the colour."""
+    current = page.locator(f"{scope} .ke-inspector-view .ke-cur")
+    assert current.count() == 1
+    kind = "split" if "ke-split" in current.get_attribute("class", timeout=10_000) else "semantic"
+    colour, outline, width, border = style(current, "outlineColor", "outlineStyle", "outlineWidth", "borderTopColor")
+    swatch = page.locator(f"{scope} .ke-inspector-view [data-legend=current] .ke-swatch")
+    assert style(swatch, "outlineColor", "outlineStyle") == [colour, outline] and outline == "solid"
+    assert float(width.removesuffix("px")) >= 3
+    kind_swatch = page.locator(f"{scope} .ke-inspector-view [data-legend={kind}] .ke-swatch")
+    assert style(kind_swatch, "borderTopColor") == [border]
+    assert colour != border  # the current mark is not the kind's colour
+    text = page.locator(f"{scope} .ke-inspector-view [data-legend=current]").inner_text(timeout=10_000)
+    assert "current hunk" in text
+    return colour
+
+
+def test_legend_colours_are_the_colours_drawn(page):
+    # the notebook's split record (where the current hunk used to be drawn blue, against a legend saying orange)
+    choose(page, ".ke-nb .ke-inspector-subclass", "all")
+    choose(page, ".ke-nb .ke-inspector-verdict", "bpe_split")
+    wait_position(page, ".ke-nb", r"hunk 1/\d+: split")
+    colours = {legend_matches_current(page, ".ke-nb")}
+    # the far-apart record: its first hunk is a split, its second changes bytes
+    far = ".ke-far"
+    wait_position(page, far, r"hunk \d+/10")
+    while "hunk 1/10" not in page.locator(f"{far} .ke-inspector-position").inner_text(timeout=10_000):
+        page.locator(f"{far} .ke-inspector-prev button, {far} button.ke-inspector-prev").first.click(timeout=10_000)
+        wait_position(page, far, r"hunk \d+/10")
+    colours.add(legend_matches_current(page, far))
+    page.locator(f"{far} button.ke-inspector-next, {far} .ke-inspector-next button").first.click(timeout=10_000)
+    wait_position(page, far, "hunk 2/10: other")
+    colours.add(legend_matches_current(page, far))
+    assert len(colours) == 1  # one colour marks the current hunk, whatever its kind
+
+
+def test_next_hunk_brings_the_current_hunk_into_the_viewport(page):
+    far = ".ke-far"
+    nxt = page.locator(f"{far} button.ke-inspector-next, {far} .ke-inspector-next button").first
+    page.locator(f"{far} .ke-inspector-dataset").evaluate("e => e.scrollIntoView({block: 'start'})", timeout=10_000)
+    text = page.locator(f"{far} .ke-inspector-position").inner_text(timeout=10_000)
+    k = int(re.search(r"hunk (\d+)/10", text).group(1))
+    page.screenshot(path=str(ARTIFACTS / "inspector_next_hunk_before.png"), timeout=90_000)
+    seen = []
+    for _ in range(7):
+        nxt.click(timeout=10_000)
+        k = k % 10 + 1
+        wait_position(page, far, f"hunk {k}/10")
+        current = page.locator(f"{far} .ke-inspector-view .ke-cur")
+        assert current.get_attribute("data-hunk", timeout=10_000) == str(k - 1)
+        where = in_viewport(current)
+        seen.append((k, where))
+        assert where["visible"], f"hunk {k} is off screen after 'next hunk': {where}"
+        assert nxt.is_visible()  # the button stays where it was: the view, not the page, moved
+    page.screenshot(path=str(ARTIFACTS / "inspector_next_hunk.png"), timeout=90_000)
+    assert len({k for k, _ in seen}) == 7
+
+
+def test_completion_playground_parses_what_is_typed(page, kimi):
+    from kimi_eagle.chat.parse import ParseOptions, parse_completion
+
+    tok = kimi
+    box = page.locator(".ke-completion-ids textarea")
+    view = page.locator(".ke-completion-view")
+    box.evaluate("e => e.scrollIntoView({block: 'start'})", timeout=10_000)
+    page.screenshot(path=str(ARTIFACTS / "completion_playground_before.png"), timeout=90_000)
+    first = json.loads(view.locator(".ke-message").inner_text(timeout=10_000))
+    ids = tok.encode("Checking the sky.</think>Rain in Oslo tonight.<|im_end|>", allow_special=True)
+    expect = parse_completion(ids, tok, ParseOptions(format_name="kimi-k2.5"))
+    assert expect.message()["content"] != first.get("content")
+
+    def shown(expected: dict) -> dict:
+        """Wait until the parsed message on the page holds ``expected``'s fields (the kernel has caught up
+        with the last edit; states in between are not checked), then return it."""
+        page.wait_for_function(
+            "want => { const m = document.querySelector('.ke-completion-view .ke-message');"
+            " if (!m) return false; const got = JSON.parse(m.textContent);"
+            " return Object.keys(want).every(k => JSON.stringify(got[k]) === JSON.stringify(want[k])); }",
+            arg=expected, timeout=90_000)
+        return json.loads(view.locator(".ke-message").inner_text(timeout=10_000))
+
+    box.fill(", ".join(map(str, ids)), timeout=10_000)  # pasted
+    got = shown({"content": "Rain in Oslo tonight."})
+    assert got["finish_reason"] == expect.finish_reason == "stop"
+    assert got["content"] == expect.message()["content"] == "Rain in Oslo tonight."
+    assert got["reasoning"] == "Checking the sky."
+    assert f"{len(ids)} tokens" in view.inner_text(timeout=10_000)
+    # typed: the same IDs without <|im_end|> (select all, then key by key): cut by the length limit
+    box.click(timeout=10_000)
+    box.press("Control+a", timeout=10_000)
+    box.press_sequentially(str(ids[:-1]), delay=5, timeout=60_000)
+    cut = parse_completion(ids[:-1], tok, ParseOptions(format_name="kimi-k2.5"))
+    got = shown({"finish_reason": "length"} | cut.message())
+    assert got["finish_reason"] == cut.finish_reason == "length" and got["content"] == "Rain in Oslo tonight."
+    assert box.input_value(timeout=10_000) == str(ids[:-1])
+    page.wait_for_function("n => document.querySelector('.ke-completion-view').textContent.includes(n + ' tokens')",
+                           arg=len(ids) - 1, timeout=90_000)
+    if page.locator(".ke-completion-mode").count():  # the playground reads raw text too
+        box.fill("Hm.</think>Snow in Bergen.<|im_end|>", timeout=10_000)
+        got = shown({"content": "Snow in Bergen."})
+        assert got["reasoning"] == "Hm." and got["finish_reason"] == "stop"
+        box.fill(", ".join(map(str, ids)), timeout=10_000)
+        shown({"content": "Rain in Oslo tonight.", "finish_reason": "stop"})
+    box.evaluate("e => e.scrollIntoView({block: 'start'})", timeout=10_000)
+    page.screenshot(path=str(ARTIFACTS / "completion_playground.png"), timeout=90_000)

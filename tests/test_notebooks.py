@@ -44,3 +44,19 @@ def test_demo_steps_print_a_heartbeat_until_they_end(capsys):
     assert 3 <= len(beats) <= 7
     time.sleep(0.15)
     assert "still running" not in capsys.readouterr().out  # stops with the step
+
+
+def test_demo_grids_read_this_demos_collections_not_a_stale_runs_demo(tmp_path):
+    """`kimi-eagle demo -o ELSEWHERE` points every shipped grid path under runs/demo/ at ELSEWHERE."""
+    from kimi_eagle.apps.batch.grid import load_grid
+    from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR
+    from kimi_eagle.apps.commands.demo import demo_grid
+
+    grid = load_grid(NOTEBOOK_DIR / "grids" / "diff_datasets.yaml")
+    shipped = [v for r in grid.runs for v in r.params.values() if isinstance(v, str) and v.startswith("runs/demo/")]
+    assert shipped, "the shipped grid reads the demo's collections"
+    moved = demo_grid(grid, tmp_path / "d")
+    values = [v for r in moved.runs for v in r.params.values() if isinstance(v, str)]
+    assert not [v for v in values if v.startswith("runs/demo/")]
+    assert str(tmp_path / "d" / "00_collect" / "engine_records.jsonl") in values
+    assert [r.name for r in moved.runs] == [r.name for r in grid.runs]

@@ -29,3 +29,10 @@ def test_readme_shows_exactly_two_setup_commands():
 
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (REPO_ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_is_a_user_guide_of_at_most_150_lines():
+    """Measurements live in docs/results.md; the README stays short enough to read in one sitting."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "docs/results.md" in readme

@@ -108,19 +108,7 @@ def read_engine(path: str | Path, tok: Tokenizer) -> EngineRecords:
             rid = f"<engine line {line.lineno}>" if n == 1 else f"<engine line {line.lineno} value {n}>"
             entries.append(EngineEntry(rid, line.lineno, error=line.error))
             continue
-        raw_id = line.obj.get("id") if isinstance(line.obj, dict) else None
-        try:
-            rec = parse_engine_record(line.obj)
-            entry = EngineEntry(rec.id, line.lineno, rec.output_ids, rec.prompt_ids, rec.finish_reason)
-            entry.error = _ids_error(tok, rec.output_ids, "output_ids") or (
-                _ids_error(tok, rec.prompt_ids, "prompt_ids") if rec.prompt_ids is not None else None)
-        except Exception as e:  # RecordError, or anything unforeseen: this record's error, never the run's
-            try:
-                rid = check_id(raw_id)
-            except RecordError:
-                rid = f"<engine line {line.lineno}>"
-            reason = str(e) if isinstance(e, RecordError) else f"unexpected {type(e).__name__}: {e}"
-            entry = EngineEntry(rid, line.lineno, error=printable_id(f"engine line {line.lineno}: {reason}"))
+        entry = engine_entry(tok, line.obj, line.lineno)
         if not entry.error:
             if entry.id in first_valid:
                 entry.error = (f"duplicate id {entry.id!r} in the engine input "
@@ -129,6 +117,25 @@ def read_engine(path: str | Path, tok: Tokenizer) -> EngineRecords:
                 first_valid[entry.id] = line.lineno
         entries.append(entry)
     return EngineRecords(entries)
+
+
+def engine_entry(tok: Tokenizer, obj: Any, lineno: int) -> EngineEntry:
+    """One parsed engine record (line ``lineno``) as an entry; ``error`` says why it cannot be diffed (an invalid
+    record, an empty output, an ID outside the vocabulary). Never raises for a bad record."""
+    raw_id = obj.get("id") if isinstance(obj, dict) else None
+    try:
+        rec = parse_engine_record(obj)
+        entry = EngineEntry(rec.id, lineno, rec.output_ids, rec.prompt_ids, rec.finish_reason)
+        entry.error = _ids_error(tok, rec.output_ids, "output_ids") or (
+            _ids_error(tok, rec.prompt_ids, "prompt_ids") if rec.prompt_ids is not None else None)
+    except Exception as e:  # RecordError, or anything unforeseen: this record's error, never the run's
+        try:
+            rid = check_id(raw_id)
+        except RecordError:
+            rid = f"<engine line {lineno}>"
+        reason = str(e) if isinstance(e, RecordError) else f"unexpected {type(e).__name__}: {e}"
+        entry = EngineEntry(rid, lineno, error=printable_id(f"engine line {lineno}: {reason}"))
+    return entry
 
 
 def _ids_error(tok: Tokenizer, ids: list[int], field: str) -> str | None:

@@ -3,14 +3,16 @@
 :func:`columnar_table` builds the table of a list of row dicts for any schema: ``list<int32/int64>``
 columns are packed into one C buffer (``struct.pack`` per row) and wrapped with their
 offsets; ``list<string>`` and ``list<struct<...>>`` columns are flattened into one child array per
-field; every other column is one ``pyarrow.array`` call. The result equals (``Table.equals``, and
-byte for byte once written as Parquet) the table ``pyarrow.array`` builds from the same rows per
-column — tests/test_reconstruct.py compares the two. A value a column cannot hold raises as
-``pyarrow.array`` would (``ArrowException``, ``OverflowError``, ``TypeError``, ``ValueError``).
+field; every other column is one ``pyarrow.array`` call. The rows are read field by field in one pass
+(``operator.itemgetter``). The result equals (``Table.equals``, and byte for byte once written as
+Parquet) the table ``pyarrow.array`` builds from the same rows per column — tests/test_reconstruct.py
+compares the two. A value a column cannot hold raises as ``pyarrow.array`` would (``ArrowException``,
+``OverflowError``, ``TypeError``, ``ValueError``).
 """
 from __future__ import annotations
 
 import struct
+from operator import itemgetter
 from typing import Any, Sequence
 
 _INT_CODES = {"int32": "i", "int64": "q"}
@@ -41,14 +43,24 @@ def int_list_array(lists: Sequence[Sequence[int]], value_type: Any) -> Any:
     return pa.ListArray.from_arrays(_offsets([len(ids) for ids in lists]), values)
 
 
+def _fields(dicts: Sequence[dict[str, Any]], names: Sequence[str]) -> list[Sequence[Any]]:
+    """The values of each of ``names`` over ``dicts``, one sequence per name, read in one pass."""
+    if not dicts:
+        return [[] for _ in names]
+    if len(names) == 1:
+        return [[d[names[0]] for d in dicts]]
+    return list(zip(*map(itemgetter(*names), dicts)))
+
+
 def _list_array(lists: Sequence[Sequence[Any]], value_type: Any) -> Any:
     """A ``list<string>`` or ``list<struct>`` array: the values flattened into one child array."""
     import pyarrow as pa
 
     flat = [v for values in lists for v in values]
     if pa.types.is_struct(value_type):
-        children = [pa.array([v[f.name] for v in flat], type=f.type) for f in value_type]
-        values = pa.StructArray.from_arrays(children, fields=list(value_type)) if flat else pa.array([], value_type)
+        fields = list(value_type)
+        children = [pa.array(c, type=f.type) for c, f in zip(_fields(flat, [f.name for f in fields]), fields)]
+        values = pa.StructArray.from_arrays(children, fields=fields) if flat else pa.array([], value_type)
     else:
         values = pa.array(flat, type=value_type)
     return pa.ListArray.from_arrays(_offsets([len(v) for v in lists]), values)
@@ -73,4 +85,4 @@ def columnar_table(rows: Sequence[dict[str, Any]], schema: Any) -> Any:
     """The table of ``rows`` (dicts holding every field of ``schema``), built column by column."""
     import pyarrow as pa
 
-    return pa.table([column([r[f.name] for r in rows], f.type) for f in schema], schema=schema)
+    return pa.table([column(values, f.type) for values, f in zip(_fields(rows, schema.names), schema)], schema=schema)

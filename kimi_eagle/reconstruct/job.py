@@ -21,7 +21,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.encoder import PieceEncoder
@@ -157,7 +157,7 @@ def read_rows(path: str | os.PathLike) -> "Any":
 
 class _HashingReader:
     """A binary file whose every chunk read is also fed to a SHA-256 in a thread (hashlib releases the GIL):
-    one read of the file counts the lines while the hash runs beside it. ``hexdigest`` waits for the hash."""
+    one read of the file finds the records while the hash runs beside it. ``hexdigest`` waits for the hash."""
 
     def __init__(self, f: Any) -> None:
         import queue
@@ -183,35 +183,159 @@ class _HashingReader:
         return self.sha.hexdigest()
 
 
+_EOL = re.compile(rb"\r\n|\r|\n")  # the line ends of iter_raw_lines
+
+
+def _line_ends(buf: bytes, limit: int, cr: bool) -> Iterator[tuple[int, int]]:
+    """``(end, start of the next line)`` of every line of ``buf[:limit]`` that ends there (at LF, or at CRLF / CR
+    when ``cr``), found without copying a line."""
+    if cr:
+        for m in _EOL.finditer(buf, 0, limit):
+            yield m.start(), m.end()
+        return
+    start = buf.find(b"\n", 0, limit)
+    while start >= 0:
+        yield start, start + 1
+        start = buf.find(b"\n", start + 1, limit)
+
+
+def _is_record(buf: bytes, start: int, end: int, lineno: int) -> bool:
+    """Whether line ``buf[start:end]`` (line number ``lineno``) is a record: not blank, not a lone byte-order mark."""
+    if start < end and buf[start] == 0x7B:  # "{": the common case, decided without a copy
+        return True
+    raw = buf[start:end]
+    return bool(raw.strip()) and not (lineno == 1 and raw == UTF8_BOM)
+
+
+def record_starts(f: Any, chunk_size: int = 1 << 20) -> Iterator[tuple[int, int]]:
+    """``(byte offset, line number)`` of every record (non-blank line) of a binary stream, in one read.
+
+    Lines end at LF, CRLF or CR, exactly as :func:`~kimi_eagle.io.iter_raw_lines` cuts them (a CR at the end of a
+    chunk waits for the next one); a line is copied only when it does not start with ``{``.
+    """
+    buf, base, lineno, eof = b"", 0, 0, False  # base: the file offset of buf[0]
+    while not eof:
+        chunk = f.read(chunk_size)
+        eof = not chunk
+        buf = buf + chunk if buf else chunk
+        cr = b"\r" in buf
+        limit = len(buf) - 1 if cr and not eof and buf.endswith(b"\r") else len(buf)
+        start = 0
+        for end, nxt in _line_ends(buf, limit, cr):
+            lineno += 1
+            if _is_record(buf, start, end, lineno):
+                yield base + start, lineno
+            start = nxt
+        base += start
+        buf = buf[start:]
+    if buf and _is_record(buf, 0, len(buf), lineno + 1):
+        yield base, lineno + 1
+
+
+class _Scan:
+    """The one pass over the input, in a thread: shard starts as they are found, then the record count and the
+    SHA-256 (:func:`_shard_starts`). Work on the first shards starts while the scan goes on."""
+
+    def __init__(self, path: Path, shard_size: int) -> None:
+        import threading
+
+        self.path, self.shard_size = path, shard_size
+        self.starts: list[tuple[int, int]] = []
+        self.size = path.stat().st_size
+        self.n = 0
+        self.sha: str | None = None
+        self.failed: list[BaseException] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        n = 0
+        try:
+            with open(self.path, "rb") as f:
+                reader = _HashingReader(f)
+                for offset, lineno in record_starts(reader):
+                    if n % self.shard_size == 0:
+                        with self.cond:
+                            self.starts.append((offset, lineno))
+                            self.cond.notify_all()
+                    n += 1
+                sha = reader.hexdigest()
+            with self.cond:
+                self.n, self.sha = n, sha
+        except BaseException as e:  # re-raised by the caller's wait
+            self.failed.append(e)
+        finally:
+            with self.cond:
+                self.cond.notify_all()
+
+    def finished(self) -> bool:
+        """Whether the scan has ended (with its result or an error)."""
+        return self.sha is not None or bool(self.failed)
+
+    def shard(self, k: int) -> tuple[int, int, int] | None:
+        """``(offset, line number, end offset)`` of shard ``k`` once known (the end is the next shard's start or
+        the end of the file); None when the input has fewer shards."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.starts) > k + 1 or self.finished())
+            if self.failed:
+                raise self.failed[0]
+            if k >= len(self.starts):
+                return None
+            return (*self.starts[k], self.starts[k + 1][0] if k + 1 < len(self.starts) else self.size)
+
+    def result(self) -> tuple[int, list[tuple[int, int]], str]:
+        """``(n_records, [(byte offset, line number)] of the shards, sha256)``, once the scan has ended."""
+        with self.cond:
+            self.cond.wait_for(self.finished)
+        if self.failed:
+            raise self.failed[0]
+        return self.n, self.starts, str(self.sha)
+
+
 def _shard_starts(path: Path, shard_size: int) -> tuple[int, list[tuple[int, int]], str]:
     """Count the non-blank lines, find where each shard starts and hash the whole file, in one streamed pass:
     ``(n_lines, [(byte offset, line number)], sha256)``. Lines end at LF, CRLF or CR."""
-    starts: list[tuple[int, int]] = []
-    n = 0
-    with open(path, "rb") as f:
-        reader = _HashingReader(f)
-        for lineno, (offset, raw) in enumerate(iter_raw_lines(reader), 1):
-            if raw.strip() and not (lineno == 1 and raw == UTF8_BOM):
-                if n % shard_size == 0:
-                    starts.append((offset, lineno))
-                n += 1
-    return n, starts, reader.hexdigest()
+    return _Scan(path, shard_size).result()
 
 
-def _read_shard(path: Path, offset: int, lineno: int, shard_size: int) -> list[tuple[int, bytes]]:
-    """The ``shard_size`` non-blank lines from ``offset`` (workers read their own lines: nothing big is pickled)."""
+def _read_shard(path: Path, offset: int, lineno: int, shard_size: int, end: int | None = None) -> list[tuple[int, bytes]]:
+    """The ``shard_size`` non-blank lines from ``offset`` (workers read their own lines: nothing big is pickled);
+    ``end``: where the shard's bytes end (the next shard's start), read in one call and cut in C."""
+    import io
+
     lines: list[tuple[int, bytes]] = []
     with open(path, "rb") as f:
         f.seek(offset)
-        for _, raw in iter_raw_lines(f, offset):
+        data = f.read(end - offset) if end is not None else None
+        if data is not None and b"\r" not in data:
+            raws: Iterable[bytes] = data.split(b"\n")  # the piece after the last LF is empty or the unended last line
+        else:
+            raws = (raw for _, raw in iter_raw_lines(f if data is None else io.BytesIO(data), offset))
+        for raw in raws:
             if lineno == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM):]
-            if raw.strip():
+            if raw.startswith(b"{") or raw.strip():  # a record's line is not copied again
                 lines.append((lineno, raw))
                 if len(lines) == shard_size:
                     break
             lineno += 1
     return lines
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the merge needs of a finished shard, read from its table once (in the worker that made it):
+    each row's id, line and status, and the error reasons in row order."""
+
+    ids: list[Any]
+    lines: list[Any]
+    statuses: list[Any]
+    errors: list[str]
+
+    @classmethod
+    def of(cls, table: Any) -> "ShardInfo":
+        ids, lines, statuses, errors = (table.column(c).to_pylist() for c in ("id", "line", "status", "error"))
+        return cls(ids, lines, statuses, [e for e in errors if e])
 
 
 _W: dict[str, Any] = {}  # per-process worker state: tokenizer, its encoder, format, options, parts dir
@@ -241,12 +365,18 @@ def refuse_foreign_parts(parts: Path) -> None:
                          f"{', ...' if len(foreign) > 3 else ''}); move it away or choose another output")
 
 
-def _run_shard(job: tuple[int, str, int, int, int]) -> tuple[int, int]:
-    k, path, offset, lineno, shard_size = job
-    lines = _read_shard(Path(path), offset, lineno, shard_size)
-    table = lines_table(lines, _W["tok"], _W["fmt"], _W["options"], _W["encoder"])
-    write_shard(table, _W["parts"] / shard_name(k))
-    return k, table.num_rows
+def _shard_table(job: tuple[int, str, int, int, int, int | None]) -> "Any":
+    """The reconstruction table of one shard ``(k, path, offset, line number, shard size, end offset)``."""
+    _, path, offset, lineno, shard_size, end = job
+    lines = _read_shard(Path(path), offset, lineno, shard_size, end)
+    return lines_table(lines, _W["tok"], _W["fmt"], _W["options"], _W["encoder"])
+
+
+def _run_shard(job: tuple[int, str, int, int, int, int | None]) -> tuple[int, ShardInfo]:
+    """A pool worker's step: one shard reconstructed and written to ``OUT.parts/`` as Arrow IPC."""
+    table = _shard_table(job)
+    write_shard(table, _W["parts"] / shard_name(job[0]))
+    return job[0], ShardInfo.of(table)
 
 
 def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, job: JobOptions) -> dict:
@@ -256,22 +386,24 @@ def _manifest(in_path: Path, sha256: str, tokenizer_dir: str, format_name: str, 
             "tool_declaration": job.tool_declaration, "options": asdict(job.completion), "shard_size": job.shard_size}
 
 
-def mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
-    """The first *valid* record of an id wins: every later ``ok`` row whose id is in ``first`` (id -> line of
-    the first ok row, updated) becomes an error row naming that line. Error rows never claim an id."""
-    import pyarrow as pa
-
+def _duplicate_rows(info: ShardInfo, first: dict[str, int]) -> set[int]:
+    """The rows of a shard that repeat the id of an earlier ok row (``first``: id -> line of its first ok row,
+    updated with the shard's new ids). Error rows never claim an id."""
     dups = set()
-    columns = (table.column(c).to_pylist() for c in ("id", "line", "status"))
-    for k, (rid, lineno, status) in enumerate(zip(*columns)):
+    for k, (rid, lineno, status) in enumerate(zip(info.ids, info.lines, info.statuses)):
         if status != "ok":
             continue
         if rid in first:
             dups.add(k)
         else:
             first[rid] = lineno
-    if not dups:
-        return table
+    return dups
+
+
+def _mark_rows(table: "Any", dups: set[int], first: dict[str, int]) -> "Any":
+    """``table`` with rows ``dups`` turned into the error rows of a duplicate id."""
+    import pyarrow as pa
+
     rows = table.to_pylist()
     for k in dups:
         row = rows[k]
@@ -281,13 +413,20 @@ def mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
     return pa.Table.from_pylist(rows, schema=table.schema)
 
 
+def mark_duplicates(table: "Any", first: dict[str, int]) -> "Any":
+    """The first *valid* record of an id wins: every later ``ok`` row whose id is in ``first`` (id -> line of
+    the first ok row, updated) becomes an error row naming that line. Error rows never claim an id."""
+    dups = _duplicate_rows(ShardInfo.of(table), first)
+    return _mark_rows(table, dups, first) if dups else table
+
+
 class _Merger:
     """Streams finished shards, in order, into one parquet file (overlapping the workers).
 
     ``path`` is the temporary path of an ``atomic_path`` block: the output appears when the block ends.
-    Parquet encoding runs in a writer thread (pyarrow releases the GIL), two shards at most queued, so
-    it overlaps reconstruction even with one worker. Used as a context manager, which closes the writer
-    (re-raising what the writer thread raised).
+    A writer thread (pyarrow releases the GIL) writes each shard's Arrow IPC file when the shard was made in
+    this process and encodes the parquet; two shards at most are queued. Used as a context manager, which
+    closes the writer (re-raising what the writer thread raised).
     """
 
     def __init__(self, parts: Path, path: Path) -> None:
@@ -307,24 +446,30 @@ class _Merger:
         self.thread.start()
 
     def _write(self) -> None:
-        for table in iter(self.queue.get, None):
+        for table, shard, path in iter(self.queue.get, None):
             try:
                 if not self.failed:
+                    if shard is not None:
+                        write_shard(shard, path)
                     self.writer.write_table(table)
-            except BaseException as e:  # re-raised by close
+            except BaseException as e:  # re-raised by add and close
                 self.failed.append(e)
 
-    def add(self, k: int) -> None:
-        import pyarrow.compute as pc
-
-        table = mark_duplicates(read_shard(self.parts / shard_name(k)), self.first)
+    def add(self, k: int, made: "Any" = None, info: ShardInfo | None = None) -> None:
+        """Shard ``k``: its table ``made`` in this process (its IPC file is written here), else read from
+        ``OUT.parts/``; ``info`` as its worker read it (else read here). Duplicates are marked in order."""
+        table = made if made is not None else read_shard(self.parts / shard_name(k))
+        info = info if info is not None else ShardInfo.of(table)
+        dups = _duplicate_rows(info, self.first)
+        if dups:
+            table = _mark_rows(table, dups, self.first)
+            info = ShardInfo.of(table)
         if self.failed:
             raise self.failed[0]
-        self.queue.put(table)
-        counts = pc.value_counts(table.column("status")).to_pylist()
-        for item in counts:
-            self.counts[item["values"]] = self.counts.get(item["values"], 0) + item["counts"]
-        self.errors += [e for e in pc.drop_null(table.column("error")).to_pylist() if e]
+        self.queue.put((table, made, self.parts / shard_name(k)))
+        for status in info.statuses:
+            self.counts[status] = self.counts.get(status, 0) + 1
+        self.errors += info.errors
 
     def __enter__(self) -> "_Merger":
         return self
@@ -427,56 +572,117 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
 
 def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.PathLike, format_name: str,
                         job: JobOptions, tok: Tokenizer) -> StatusCounts:
-    """The run of :func:`reconstruct_file` once its arguments are checked and the output is locked."""
+    """The run of :func:`reconstruct_file` once its arguments are checked and the output is locked.
+
+    The input is scanned in a thread (record count, shard starts, SHA-256) while the first shards are
+    reconstructed; a resumed run waits for the whole scan, whose hash must match the manifest's.
+    """
     from tqdm import tqdm
 
-    workers, options, shard_size = job.workers, job.completion, job.shard_size
-    n_lines, starts, sha256 = _shard_starts(in_path, shard_size)
-    if n_lines == 0:
-        raise NothingToProcess(f"{in_path} is empty: no records to reconstruct")
     parts = out_path.with_name(out_path.name + ".parts")
-    manifest = _manifest(in_path, sha256, str(tokenizer_dir), format_name, job)
     mpath = parts / "manifest.json"
-    if job.resume and parts.is_dir() and mpath.is_file():
-        old = json.loads(mpath.read_text())
-        if old != manifest:
+    scan = _Scan(in_path, job.shard_size)
+    resuming = job.resume and parts.is_dir() and mpath.is_file()
+    if (scan.result()[0] if resuming else scan.shard(0)) in (0, None):
+        raise NothingToProcess(f"{in_path} is empty: no records to reconstruct")
+    if resuming:
+        if json.loads(mpath.read_text()) != _manifest(in_path, scan.result()[2], str(tokenizer_dir), format_name, job):
             raise ValueError(f"cannot resume {out_path}: the input or settings changed since {parts} was written")
     else:
         if parts.exists():
             refuse_foreign_parts(parts)  # never delete a folder reconstruct did not make
             shutil.rmtree(parts)
         parts.mkdir(parents=True)
-        write_json(mpath, manifest, indent=1)
     for stale in [*parts.glob("*.tmp*"), *out_path.parent.glob(f".{out_path.name}.*.tmp")]:
         stale.unlink()  # left by a killed write
-    done = {int(p.stem.split("-")[1]) for p in parts.glob(shard_name(0).replace("000000", "*"))}
-    n_shards = (n_lines + shard_size - 1) // shard_size
-    jobs = ((k, str(in_path), offset, lineno, shard_size) for k, (offset, lineno) in enumerate(starts) if k not in done)
-    bar = tqdm(total=n_lines, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)
-
-    def consume(results: Iterator[tuple[int, int]], merger: _Merger) -> None:
-        for k in range(n_shards):
-            if k not in done:
-                got, _ = next(results)
-                assert got == k, (got, k)
-            merger.add(k)
-            bar.update(min(shard_size, n_lines - k * shard_size))
-
+    run = _FileRun(in_path, parts, scan, job, (str(tokenizer_dir), format_name, None if resuming else mpath))
+    run.done = {int(p.stem.split("-")[1]) for p in parts.glob(shard_name(0).replace("000000", "*"))}
+    run.bar = tqdm(total=None, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)
     with atomic_path(out_path) as tmp, _Merger(parts, tmp) as merger:
-        if workers <= 1:
-            _init_worker(str(tokenizer_dir), format_name, job.tool_declaration, options, str(parts), tok)
-            consume(map(_run_shard, jobs), merger)
+        if job.workers <= 1:
+            _init_worker(str(tokenizer_dir), format_name, job.tool_declaration, job.completion, str(parts), tok)
+            run.in_process(merger)
         else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-            init_tok = tok if ctx.get_start_method() == "fork" else None
-            init_args = (str(tokenizer_dir), format_name, job.tool_declaration, options, str(parts), init_tok)
-            with ctx.Pool(workers, _init_worker, init_args) as pool:
-                consume(pool.imap(_run_shard, jobs), merger)
-    bar.close()
+            run.pool(merger, tok)
+        run.finish()
+    run.bar.close()
     shutil.rmtree(parts)
     return StatusCounts(merger.counts, merger.errors)
+
+
+class _FileRun:
+    """One run of the file job over a scanned input: the shards in order, made here or by a pool, merged."""
+
+    def __init__(self, in_path: Path, parts: Path, scan: _Scan, job: JobOptions, where: tuple[str, str, Path | None]):
+        self.in_path, self.parts, self.scan, self.job = in_path, parts, scan, job
+        self.tokenizer_dir, self.format_name, self.manifest_path = where  # manifest_path: written once the scan ends
+        self.done: set[int] = set()
+        self.bar: Any = None
+
+    def jobs(self) -> Iterator[tuple[int, str, int, int, int, int | None]]:
+        """The shards still to make, as they are found by the scan."""
+        k = 0
+        while (shard := self.scan.shard(k)) is not None:
+            if k not in self.done:
+                offset, lineno, end = shard
+                yield k, str(self.in_path), offset, lineno, self.job.shard_size, end
+            k += 1
+
+    def _merged(self, merger: _Merger, k: int, table: Any = None, info: ShardInfo | None = None) -> None:
+        merger.add(k, table, info)
+        if self.manifest_path is not None and self.scan.finished():
+            self.finish()
+        size = self.job.shard_size
+        self.bar.update(min(size, self.scan.n - k * size) if self.scan.sha is not None else size)
+
+    def in_process(self, merger: _Merger) -> None:
+        """Every shard made in this process (its IPC file and the parquet written by the merger's thread)."""
+        k = 0
+        while self.scan.shard(k) is not None:
+            if k in self.done:
+                self._merged(merger, k)
+            else:
+                offset, lineno, end = self.scan.shard(k)
+                self._merged(merger, k, _shard_table((k, str(self.in_path), offset, lineno, self.job.shard_size, end)))
+            k += 1
+
+    def pool(self, merger: _Merger, tok: Tokenizer) -> None:
+        """Shards made by ``workers`` forked processes (the loaded tokenizer inherited), merged in order."""
+        import gc
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
+        fork = ctx.get_start_method() == "fork"
+        init_args = (self.tokenizer_dir, self.format_name, self.job.tool_declaration, self.job.completion,
+                     str(self.parts), tok if fork else None)
+        rows_table([])  # pyarrow imports pandas on its first conversion: once here, not once per worker
+        gc.freeze()  # forked workers then never touch the parent's objects for the collector (no copy-on-write)
+        try:
+            pool = ctx.Pool(self.job.workers, _init_worker, init_args)
+        finally:
+            gc.unfreeze()
+        with pool:
+            results = pool.imap(_run_shard, self.jobs())
+            k = 0
+            while self.scan.shard(k) is not None:
+                if k in self.done:
+                    self._merged(merger, k)
+                else:
+                    got, info = next(results)
+                    assert got == k, (got, k)
+                    self._merged(merger, k, None, info)
+                k += 1
+
+    def finish(self) -> None:
+        """Once the scan has ended: the manifest of a fresh run written, the progress bar's total set."""
+        n, _, sha256 = self.scan.result()
+        if self.manifest_path is not None:
+            write_json(self.manifest_path, _manifest(self.in_path, sha256, self.tokenizer_dir, self.format_name, self.job),
+                       indent=1)
+            self.manifest_path = None
+        if self.bar is not None and self.bar.total != n:
+            self.bar.total = n
+            self.bar.refresh()
 
 
 # --------------------------------------------------------------------------------------------

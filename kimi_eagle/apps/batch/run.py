@@ -232,13 +232,12 @@ def _worker_init() -> None:
 
 
 def render_html(executed: Path) -> Path:
-    """The executed notebook rendered to HTML beside it with nbconvert."""
-    import nbformat
-    from nbconvert import HTMLExporter
+    """The executed notebook rendered to HTML beside it with nbconvert; widgets show their static snapshots,
+    offline too (:func:`kimi_eagle.apps.widgets.snapshot.notebook_html`)."""
+    from kimi_eagle.apps.widgets.snapshot import notebook_html
 
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
     out = executed.with_suffix(".html")
-    write_text(out, body)
+    write_text(out, notebook_html(executed))
     return out
 
 

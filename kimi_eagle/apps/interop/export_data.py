@@ -17,13 +17,20 @@ Files per target (all in DIR, each written atomically):
   ``data.prompts_path``) and ``vocab_mapping.pt`` ``{"d2t": int64[N], "t2d": bool[V]}``.
 * ``speculators``: an Arrow dataset (``datasets`` ``save_to_disk`` layout: ``input_ids`` int64,
   ``loss_mask`` int64, ``seq_len``), ``token_freq.pt`` ``{id: count}``, ``d2t-N.npy`` / ``t2d-N.npy``;
-  hidden states for it go to ``DIR/hidden_states/hs_{row}.safetensors`` (see ``layouts``).
+  hidden states for it go to ``DIR/hidden_states/hs_{row}.safetensors`` (see ``layouts``). Its
+  ``state.json`` ``_fingerprint`` derives from :func:`arrow_fingerprint` (a content hash), not from
+  ``datasets`` hashing the pickled table; every other byte is ``datasets``' own.
+
+Every file is built from Arrow/numpy columns (no per-row Python): the JSONL lines are Arrow string
+arrays (built two chunks at a time in threads; Arrow releases the GIL), the same bytes as ``json.dumps``
+(tests/test_export_data_checks.py compares them with the per-record writer on the bundled data).
 
 Every target also gets ``manifest.json`` and the run configs of ``configs`` (SpecForge YAML,
 speculators command lines) with the target's layer ids in each trainer's convention.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -87,8 +94,12 @@ def draft_vocab_for(rows: ExportRows, vocab_size: int, draft_vocab_size: int) ->
     """The top-N supervised tokens of ``rows`` (the same choice both trainers make from these counts)."""
     import numpy as np
 
-    counts = np.bincount(rows.input_ids[rows.loss_mask == 1], minlength=vocab_size)
-    return dv.build(torch.from_numpy(counts.astype(np.int64)), min(draft_vocab_size, vocab_size))
+    supervised = rows.input_ids[rows.loss_mask == 1]
+    if supervised.dtype in (np.int32, np.int64):  # torch counts these as they are (numpy would copy to int64)
+        counts = torch.bincount(torch.from_numpy(supervised), minlength=vocab_size).to(torch.int64)
+    else:
+        counts = torch.from_numpy(np.bincount(supervised, minlength=vocab_size).astype(np.int64))
+    return dv.build(counts, min(draft_vocab_size, vocab_size))
 
 
 def _list_array(rows: ExportRows, values: Any, value_type: Any = None) -> Any:
@@ -101,6 +112,14 @@ def _list_array(rows: ExportRows, values: Any, value_type: Any = None) -> Any:
     return pa.ListArray.from_arrays(pa.array(rows.offsets, pa.int32()), values)
 
 
+@functools.lru_cache(maxsize=2)
+def _id_texts(n: int) -> Any:
+    """``str(i)`` for ``i`` in ``range(n)`` as an Arrow string array (built once per process and size)."""
+    import pyarrow as pa
+
+    return pa.array([str(i) for i in range(n)], pa.string())
+
+
 def _joined_ids(rows: ExportRows) -> Any:
     """Each row's IDs as JSON list text (``json.dumps``'s ``1, 2, 3``), one string per row, in Arrow."""
     import pyarrow as pa
@@ -109,7 +128,7 @@ def _joined_ids(rows: ExportRows) -> Any:
     ids = rows.input_ids
     top = int(ids.max()) + 1 if len(ids) else 0
     if len(ids) and 0 <= int(ids.min()) and top <= 1 << 21:  # IDs are vocabulary indices: look their text up
-        text = pa.array([str(i) for i in range(top)], pa.string()).take(pa.array(ids))
+        text = _id_texts(max(top, 1 << 18) if top <= 1 << 18 else 1 << 21).take(pa.array(ids))
     else:
         text = pa.array(ids).cast(pa.string())
     if rows.offsets[-1] >= 2**31:
@@ -133,6 +152,9 @@ def _joined_mask(rows: ExportRows) -> Any:
     counts = np.stack([lengths - ones, ones], axis=1).reshape(-1)
     if not np.array_equal(np.repeat(np.tile(np.array([0, 1], dtype=mask.dtype), len(rows)), counts), mask):
         return pc.binary_join(_list_array(rows, mask, pa.int8()).cast(pa.list_(pa.string())), ", ")
+    if (ones > 0).all():  # every row ends with a 1: "0, " * zeros + "1, " * (ones - 1) + "1", nothing cut
+        return pc.binary_join_element_wise(pc.binary_repeat("0, ", pa.array(lengths - ones)),
+                                           pc.binary_repeat("1, ", pa.array(ones - 1)), "1", "")
     text = pc.binary_join_element_wise(pc.binary_repeat("0, ", pa.array(lengths - ones)),
                                        pc.binary_repeat("1, ", pa.array(ones)), "")
     return pc.utf8_slice_codeunits(text, 0, -2)
@@ -154,27 +176,55 @@ def _rows_slice(rows: ExportRows, a: int, b: int) -> ExportRows:
                       rows.loss_mask[lo:hi])
 
 
-def write_training_jsonl(path: Path, rows: ExportRows, chunk_rows: int = 16384) -> Path:
+def _jsonl_chunk(rows: ExportRows) -> Any:
+    """The ``{"id", "input_ids", "loss_mask"}`` lines of ``rows`` as one Arrow string array."""
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise('{"id": ', json_strings(rows.ids), ', "input_ids": [', _joined_ids(rows),
+                                       '], "loss_mask": [', _joined_mask(rows), ']}\n', "")
+
+
+def write_training_jsonl(path: Path, rows: ExportRows, chunk_rows: int = 16384, threads: int = 2) -> Path:
     """``{"id", "input_ids", "loss_mask"}`` per row, one JSON object a line (``json.dumps``'s bytes, UTF-8
-    kept), each chunk of rows built as one Arrow string array and written as one buffer, atomically."""
+    kept), atomically. Each chunk of rows is built as one Arrow string array (Arrow's kernels, GIL released,
+    ``threads`` chunks at a time) and written as one buffer, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    starts = range(0, len(rows), chunk_rows)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f, ThreadPoolExecutor(max(threads, 1)) as pool:
+        pending = []
+        for a in [*starts, None]:  # keep at most `threads` chunks in flight; None drains the last ones
+            if a is not None:
+                pending.append(pool.submit(_jsonl_chunk, _rows_slice(rows, a, min(a + chunk_rows, len(rows)))))
+            while pending and (a is None or len(pending) > max(threads, 1)):
+                f.write(_text_bytes(pending.pop(0).result()))
+    return path
+
+
+def json_strings(values: Sequence[str]) -> Any:
+    """``json.dumps(v, ensure_ascii=False)`` of each string, as an Arrow string array: quoted in Arrow when no
+    value holds a character JSON escapes (``"``, ``\\``, a control character), else value by value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(values, pa.string())
+    if pc.any(pc.match_substring_regex(arr, r'["\\\x00-\x1f]')).as_py():
+        return pa.array([json.dumps(v, ensure_ascii=False) for v in values], pa.string())
+    return pc.binary_join_element_wise('"', arr, '"', "")
+
+
+def write_row_ids(path: Path, rows: ExportRows) -> Path:
+    """``row_ids.jsonl``: ``{"row", "id", "index"}`` per exported row (``json.dumps``'s bytes), built in Arrow."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        for a in range(0, len(rows), chunk_rows):
-            part = _rows_slice(rows, a, min(a + chunk_rows, len(rows)))
-            ids = pa.array([json.dumps(i, ensure_ascii=False) for i in part.ids], pa.string())
-            lines = pc.binary_join_element_wise('{"id": ', ids, ', "input_ids": [', _joined_ids(part),
-                                                '], "loss_mask": [', _joined_mask(part), ']}\n', "")
+        if len(rows):
+            number = lambda v: pa.array(np.asarray(v, dtype=np.int64)).cast(pa.string())  # noqa: E731
+            lines = pc.binary_join_element_wise('{"row": ', number(np.arange(len(rows))), ', "id": ',
+                                                json_strings(rows.ids), ', "index": ', number(rows.index), '}\n', "")
             f.write(_text_bytes(lines))
-    return path
-
-
-def write_row_ids(path: Path, rows: ExportRows) -> Path:
-    """``row_ids.jsonl``: ``{"row", "id", "index"}`` per exported row."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(f'{{"row": {k}, "id": {json.dumps(i, ensure_ascii=False)}, "index": {int(x)}}}\n'
-                     for k, (i, x) in enumerate(zip(rows.ids, rows.index)))
     return path
 
 
@@ -197,11 +247,43 @@ def write_speculators_vocab(out: Path, vocab: dv.DraftVocab) -> list[Path]:
             write_bytes(out / f"t2d-{n}.npy", _npy_bytes(vocab.t2d))]
 
 
+FINGERPRINT_TAG = b"kimi-eagle-export-data/1 speculators arrow rows\0"
+
+
+def arrow_fingerprint(table: Any) -> str:
+    """A deterministic content hash of ``table`` (integer and list-of-integer columns without nulls): xxh3-128
+    (hex) over ``FINGERPRINT_TAG`` and, per column, its name and type, the xxh3-128 of its values' bytes and,
+    for a list column, of its row lengths (int64). The same values give the same hash however they are chunked.
+
+    ``datasets`` would otherwise pickle and hash the whole table to fingerprint it (most of an export's time)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import xxhash
+
+    h = xxhash.xxh3_128(FINGERPRINT_TAG)
+    for name, col in zip(table.column_names, table.columns):
+        is_list = pa.types.is_list(col.type) or pa.types.is_large_list(col.type)
+        values, lengths = xxhash.xxh3_128(), xxhash.xxh3_128()
+        for chunk in col.chunks:
+            flat = chunk.flatten() if is_list else chunk
+            if chunk.null_count or flat.null_count:
+                raise ValueError(f"arrow_fingerprint: column {name!r} holds nulls")
+            values.update(np.ascontiguousarray(flat.to_numpy()))
+            if is_list:
+                lengths.update(pc.list_value_length(chunk).to_numpy().astype(np.int64))
+        h.update(f"{name}\0{col.type}\0".encode() + values.digest() + lengths.digest())
+    return h.hexdigest()
+
+
 def write_arrow_dataset(out: Path, rows: ExportRows) -> list[Path]:
     """The rows as a ``datasets`` Arrow dataset in ``out`` (``input_ids``, ``loss_mask`` int64, ``seq_len``).
 
-    Saved into a temporary folder beside the files, then each file is moved in with ``os.replace``,
-    ``state.json`` last, so ``load_from_disk`` never sees a half-written dataset.
+    The dataset is given :func:`arrow_fingerprint` of its table as its fingerprint (``state.json``'s
+    ``_fingerprint`` is ``datasets``' update of it for the torch format, 16 hex digits); every other byte is what
+    ``datasets.Dataset(table).with_format("torch").save_to_disk`` writes. Saved into a temporary folder beside
+    the files, then each file is moved in with ``os.replace``, ``state.json`` last, so ``load_from_disk`` never
+    sees a half-written dataset.
     """
     try:
         import datasets
@@ -214,7 +296,7 @@ def write_arrow_dataset(out: Path, rows: ExportRows) -> list[Path]:
     })
     tmp = out / f".arrow.{os.getpid()}.tmp"
     # torch format, as speculators' prepare-data saves it: its ArrowDataset compares rows with torch.equal
-    datasets.Dataset(table).with_format("torch").save_to_disk(str(tmp))
+    datasets.Dataset(table, fingerprint=arrow_fingerprint(table)).with_format("torch").save_to_disk(str(tmp))
     names = sorted(p.name for p in tmp.iterdir())
     names.sort(key=lambda n: n == "state.json")
     for name in names:

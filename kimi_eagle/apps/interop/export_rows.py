@@ -11,6 +11,11 @@ plainly usable — and every JSONL record, and every ``{input_ids, loss_mask}`` 
 :func:`to_training_row`, the per-record rules, which decide its reason and detail. Nothing is
 coerced: IDs and mask values must be integers (a bool, float, string or infinity is ``malformed``,
 named), masks 0 or 1. The two paths give the same rows and reasons (tests/test_export_data_checks.py).
+
+:func:`check_rows_batch` is the same checks as a function of one Arrow batch (a ``RecordBatch`` or
+``Table``), one output row per record with its status, drop reason and training row: the unit a
+scale-out engine (``datasets.map``, Ray Data) calls; the source index of the batch's first record is
+the caller's (``index0``).
 """
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ import numpy as np
 
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.records import storable_text
+
+RECORD_FIELDS = ("id", "status", "error", "flags", "prompt_ids", "completion_ids", "output_ids", "input_ids",
+                 "loss_mask")  # every field :func:`to_training_row` reads
 
 
 @dataclass
@@ -235,12 +243,26 @@ def _plain(batch: Any, rules: RowRules) -> np.ndarray | None:
     p_len = _lengths(prompt) if prompt is not None else np.zeros(n, dtype=np.int64)
     for col in (prompt, completion):
         if col is not None:
-            values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-            bad = (values < 0) | (values >= rules.vocab_size)
-            plain &= np.bincount(pc.list_parent_indices(col).to_numpy(zero_copy_only=False)[bad], minlength=n) == 0
+            plain &= ~_unusable_values(col, n, rules.vocab_size)
     if rules.max_length is not None:
         plain &= p_len < rules.max_length
     return plain
+
+
+def _unusable_values(col: Any, n: int, vocab_size: int) -> np.ndarray:
+    """Which of the ``n`` rows of list column ``col`` hold a null value or one outside ``[0, vocab_size)``
+    (one ``min_max`` when every value is in range, the usual case)."""
+    import pyarrow.compute as pc
+
+    values = pc.list_flatten(col)
+    if not len(values):
+        return np.zeros(n, dtype=bool)
+    low, high = pc.min_max(values).values()
+    if values.null_count == 0 and low.as_py() >= 0 and high.as_py() < vocab_size:
+        return np.zeros(n, dtype=bool)
+    outside = pc.or_(pc.less(values, 0), pc.greater_equal(values, vocab_size))
+    bad = pc.fill_null(outside, True).to_numpy(zero_copy_only=False)
+    return np.bincount(pc.list_parent_indices(col).to_numpy(zero_copy_only=False)[bad], minlength=n) > 0
 
 
 def _strings(values: Sequence[str]) -> Any:
@@ -249,36 +271,36 @@ def _strings(values: Sequence[str]) -> Any:
     return pa.array(list(values), pa.string())
 
 
-def _as_list(col: Any, value_type: Any) -> Any:
-    """A list column without nulls (a null list is an empty one), values cast to ``value_type``."""
-    import pyarrow as pa
+def _flat_values(col: Any, value_type: Any) -> np.ndarray:
+    """The values of a list column (rows without nulls), in row order, as ``value_type``."""
+    import pyarrow.compute as pc
 
-    col = pa.concat_arrays(col.chunks) if isinstance(col, pa.ChunkedArray) else col
-    return pa.ListArray.from_arrays(col.offsets, col.values.cast(value_type))
+    return pc.list_flatten(col).cast(value_type).to_numpy()
 
 
 def _assemble(prompt: Any, completion: Any, max_length: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Prompt + completion per row, cut at ``max_length``: ``(offsets, input_ids, loss_mask, rows truncated)``.
-    The two lists of a row are put side by side with one ``take`` (row k's prompt, then its completion) and
-    flattened: the IDs are copied once, in C."""
+    The mask (each row's prompt zeros, then its completion ones) is built first; the prompt values then go
+    where it is 0 and the completion values where it is 1, in order (two numpy scatters, no per-row work)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     n = len(completion)
     value_type = completion.type.value_type if prompt is None or prompt.type == completion.type else pa.int64()
-    parts = [_as_list(completion, value_type)] if prompt is None else [_as_list(prompt, value_type),
-                                                                      _as_list(completion, value_type)]
-    order = np.arange(n * len(parts), dtype=np.int64).reshape(len(parts), n).T.reshape(-1)
-    side_by_side = pa.concat_arrays(parts).take(pa.array(order))
-    lengths = np.diff(side_by_side.offsets.to_numpy()).reshape(n, len(parts))
+    cols = [completion] if prompt is None else [prompt, completion]
+    lengths = np.stack([_lengths(c) for c in cols], axis=1)
     total = lengths.sum(axis=1)
-    ids = side_by_side.flatten()
-    mask = np.repeat(np.tile(np.arange(2 - len(parts), 2, dtype=np.int8), n), lengths.reshape(-1))
+    mask = np.repeat(np.tile(np.arange(2 - len(cols), 2, dtype=np.int8), n), lengths.reshape(-1))
+    if prompt is None:
+        ids = _flat_values(completion, value_type)
+    else:
+        ids = np.empty(len(mask), dtype=value_type.to_pandas_dtype())
+        ids[mask == 0], ids[mask == 1] = _flat_values(prompt, value_type), _flat_values(completion, value_type)
     offsets = np.concatenate([[0], np.cumsum(total)]).astype(np.int64)
     if max_length is None or not (total > max_length).any():
-        return offsets, ids.to_numpy(), mask, 0
-    ids_list = pc.list_slice(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), ids), 0, max_length)
-    mask_list = pc.list_slice(pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(mask)), 0, max_length)
+        return offsets, ids, mask, 0
+    as_lists = lambda v: pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(v))  # noqa: E731
+    ids_list, mask_list = (pc.list_slice(as_lists(v), 0, max_length) for v in (ids, mask))
     cut = np.minimum(total, max_length)
     return (np.concatenate([[0], np.cumsum(cut)]).astype(np.int64), ids_list.flatten().to_numpy(),
             mask_list.flatten().to_numpy(), int((cut < total).sum()))
@@ -315,7 +337,7 @@ def check_batch(batch: Any, index0: int, rules: RowRules, stats: ExportStats) ->
 
     if not plain.any():
         return ExportRows.from_rows([])
-    chosen = batch.filter(pa.array(plain))
+    chosen = batch if plain.all() else batch.filter(pa.array(plain))
     prompt, completion = _id_columns(chosen)
     offsets, ids, mask, truncated = _assemble(prompt, completion, rules.max_length)
     index = np.flatnonzero(plain).astype(np.int64) + index0
@@ -353,7 +375,7 @@ def _rows_one_by_one(records: Iterator[tuple[int, Any, str | None]], rules: RowR
 
 
 def collect_rows(path: Any, *, vocab_size: int, max_length: int | None = None, drop_flags: Sequence[str] = (),
-                 batch_rows: int = 4096) -> tuple[ExportRows, ExportStats]:
+                 batch_rows: int = 16384) -> tuple[ExportRows, ExportStats]:
     """Every usable row of ``path`` (``.parquet``: batch checks; ``.jsonl``: record by record) and the stats
     accounting for every record."""
     from pathlib import Path
@@ -364,8 +386,72 @@ def collect_rows(path: Any, *, vocab_size: int, max_length: int | None = None, d
         return _rows_one_by_one(records, rules, stats), stats
     import pyarrow.parquet as pq
 
-    parts, index0 = [], 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
+    parts, index0, source = [], 0, pq.ParquetFile(path)
+    columns = [c for c in RECORD_FIELDS if c in source.schema_arrow.names] or None  # all the rules ever read
+    for batch in source.iter_batches(batch_size=batch_rows, columns=columns):
         parts.append(check_batch(batch, index0, rules, stats))
         index0 += batch.num_rows
     return ExportRows.concat(parts), stats
+
+
+# ------------------------------------------------------------------------------------------
+# one Arrow batch, one status per record: the unit scale-out engines call
+
+
+def check_schema() -> Any:
+    """The columns :func:`check_rows_batch` returns."""
+    import pyarrow as pa
+
+    return pa.schema([("index", pa.int64()), ("id", pa.string()), ("status", pa.string()), ("reason", pa.string()),
+                      ("detail", pa.string()), ("truncated", pa.bool_()), ("input_ids", pa.list_(pa.int64())),
+                      ("loss_mask", pa.list_(pa.int8()))])
+
+
+def _one_batch(batch: Any) -> Any:
+    """``batch`` as one ``RecordBatch`` (a ``Table``'s chunks combined), only the columns the rules read."""
+    import pyarrow as pa
+
+    if isinstance(batch, pa.Table):
+        batches = batch.combine_chunks().to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=batch.schema)
+    keep = [c for c in RECORD_FIELDS if c in batch.schema.names]
+    return batch.select(keep) if keep else batch
+
+
+def _source_lengths(batch: Any) -> np.ndarray:
+    """Per row, the length a kept row had before the cut (``input_ids``, else prompt + completion); 0 where
+    a column is not a list (no such row is ever kept)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    length = lambda name: (_lengths(batch.column(name)) if name in names and pa.types.is_list(batch.column(name).type)  # noqa: E731
+                           else np.zeros(batch.num_rows, dtype=np.int64))
+    if "input_ids" in names:
+        return length("input_ids")
+    return length("prompt_ids") + length("completion_ids" if "completion_ids" in names else "output_ids")
+
+
+def check_rows_batch(batch: Any, rules: RowRules, index0: int = 0) -> Any:
+    """export-data's row checks on a ``RecordBatch``/``Table`` of records (reconstructed rows, engine records or
+    ``{input_ids, loss_mask}`` rows): one row per record, :func:`check_schema` — ``index`` (``index0`` + the
+    position), ``id``, ``status`` (``ok`` or ``dropped``), ``reason`` and ``detail`` (a drop's, as in
+    ``manifest.json``), ``truncated``, and the training row's ``input_ids`` / ``loss_mask`` (null when dropped).
+    The same rows and reasons ``kimi-eagle export-data`` gives the records at those source indices."""
+    import pyarrow as pa
+
+    batch, stats = _one_batch(batch), ExportStats()
+    rows, n = check_batch(batch, index0, rules, stats), batch.num_rows
+    where = np.full(n, -1, dtype=np.int64)
+    where[rows.index - index0] = np.arange(len(rows))
+    ids: list[str | None] = [rows.ids[k] if k >= 0 else None for k in where]
+    reason, detail = [None] * n, [None] * n
+    for d in stats.dropped:
+        k = d["index"] - index0
+        ids[k], reason[k], detail[k] = d["id"], d["reason"], d["detail"]
+    take = pa.array(where, mask=where < 0)
+    lists = [pa.ListArray.from_arrays(pa.array(rows.offsets.astype(np.int32)), pa.array(v, t)).take(take)
+             for v, t in ((rows.input_ids, pa.int64()), (rows.loss_mask, pa.int8()))]
+    truncated = (where >= 0) & (_source_lengths(batch) > (rules.max_length or np.iinfo(np.int64).max))
+    return pa.table([pa.array(np.arange(n, dtype=np.int64) + index0), pa.array(ids, pa.string()),
+                     pa.array(np.where(where >= 0, "ok", "dropped")), pa.array(reason, pa.string()),
+                     pa.array(detail, pa.string()), pa.array(truncated), *lists], schema=check_schema())

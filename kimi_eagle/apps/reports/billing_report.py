@@ -41,6 +41,7 @@ from kimi_eagle.apps.reports.toolkit import (
     draw_charts,
     evidence_title,
     figure,
+    figure_tag,
     finding,
     html_page,
     html_table,
@@ -50,6 +51,7 @@ from kimi_eagle.apps.reports.toolkit import (
     plain,
     save,
     section,
+    title,
 )
 from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
 from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
@@ -95,6 +97,7 @@ def group_table(records: pd.DataFrame, by: str) -> pd.DataFrame:
         gap_ci = bootstrap_ratio_ci(gap, b)
         res_ci = bootstrap_ratio_ci(residual, b)
         row: dict[str, Any] = {by: name, "records": len(g), **{c: int((cls == c).sum()) for c in VERDICTS},
+                               "rated": len(billed),  # the denominator of unexplained_rate: ok and billed
                                "billed_tokens": int(b.sum()), "reconstructed_tokens": int(billed["n_recon_tokens"].sum()),
                                "gap_pct": 100 * gap.sum() / b.sum() if b.sum() else None,
                                "gap_pct_lo": 100 * gap_ci[0] if gap_ci else None,
@@ -130,7 +133,7 @@ def summarize_billing(records: pd.DataFrame, data: str = "real") -> dict[str, An
         "records_with_convention": {k: int(v) for k, v in conventions.explode().dropna().value_counts().items()},
         "no_billing_reasons": {k: int(v) for k, v in records.loc[cls == "no_billing", "reason"].value_counts().items()},
         "errors": records.loc[cls == "error", ["id", "reason"]].head(20).to_dict("records"),
-        "all": {k: everything[k] for k in ("billed_tokens", "reconstructed_tokens", "gap_pct", "gap_pct_lo", "gap_pct_hi",
+        "all": {k: everything[k] for k in ("rated", "billed_tokens", "reconstructed_tokens", "gap_pct", "gap_pct_lo", "gap_pct_hi",
                                             "unexplained_gap_pct", "unexplained_gap_pct_lo", "unexplained_gap_pct_hi",
                                             "unexplained_rate", "unexplained_lo", "unexplained_hi")},
         "by_provider": by_provider.replace({np.nan: None}).to_dict("records"),
@@ -174,8 +177,9 @@ def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
         groups = [(c, d) for c, d in groups if len(d)]
         counts, _, _ = ax.hist([d for _, d in groups], bins=bins, stacked=True, color=[CLASS_COLORS[c] for c, _ in groups],
                                label=[f"{c} ({len(d):,})" for c, d in groups])
-        count_axis(ax, float(np.max(counts)))  # linear for small counts (a symlog axis of 0 and 4 says nothing)
-        ax.legend(fontsize=8)
+        count_axis(ax, float(np.max(counts)))  # linear, integer ticks for small counts
+        ax.legend(fontsize=8, loc="upper left")
+        ax.margins(y=0.15)
     else:
         no_data(ax, "billed records")
         ax.set_ylabel("records")
@@ -185,31 +189,44 @@ def chart_delta_histogram(records: pd.DataFrame, path: Path, data: str) -> Path:
     return save(fig, path)
 
 
+def _headroom(ax: Any, tops: np.ndarray, bottoms: np.ndarray) -> None:
+    """Room above the tallest bar (and below the lowest) for its label, inside the frame."""
+    hi, lo = float(np.nanmax(tops, initial=0.0)), float(np.nanmin(bottoms, initial=0.0))
+    span = (hi - lo) or 1.0
+    ax.set_ylim(lo - (0.2 * span if lo < 0 else 0), hi + 0.2 * span)
+
+
 def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
-    """Left: gap in % of billed tokens (bootstrap 95% CI), all and unexplained; right: unexplained-record rate (Wilson)."""
+    """Left: gap in % of billed tokens (bootstrap 95% CI), all and not explained by conventions; right: the
+    unexplained-record rate (Wilson). The data tag is the figure's suptitle, the panels' titles short, the legend
+    below the panel: nothing overlaps."""
     t = table[table["billed_tokens"] > 0].reset_index(drop=True)
-    fig, (ax1, ax2) = figure((max(10, 1.8 * len(t) + 4), 4.4), ncols=2)
+    fig, (ax1, ax2) = figure((max(10, 1.8 * len(t) + 4), 4.8), ncols=2, layout="constrained")
     x = np.arange(len(t))
-    for off, what, color, label in ((-0.2, "gap_pct", "#ff8f00", "billed − reconstructed"),
-                                    (0.2, "unexplained_gap_pct", "#d32f2f", "unexplained by conventions")):
+    tops, bottoms = [], []
+    for off, what, color, label in ((-0.2, "gap_pct", "#ff8f00", "gap: billed − reconstructed"),
+                                    (0.2, "unexplained_gap_pct", "#d32f2f", "gap not explained by conventions")):
         v = t[what].astype(float).to_numpy()
         err = np.clip(np.array([v - t[f"{what}_lo"].astype(float), t[f"{what}_hi"].astype(float) - v]), 0, None)
         bars = ax1.bar(x + off, v, 0.4, yerr=err, capsize=4, color=color, label=label)
         ax1.bar_label(bars, labels=[f"{val:+.3f}%" for val in v], padding=3, fontsize=7)
+        tops.append(v + np.nan_to_num(err[1]))
+        bottoms.append(v - np.nan_to_num(err[0]))
+    _headroom(ax1, np.concatenate(tops) if tops else np.zeros(1), np.concatenate(bottoms) if bottoms else np.zeros(1))
     ax1.axhline(0, color="#555", linewidth=0.8)
     ax1.set_xticks(x, [plain(v) for v in t[by]], rotation=20, ha="right")  # names are data, never mathtext
-    evidence_title(ax1, f"Token gap in % of billed tokens per {by} (bootstrap 95% CI)", data, EVIDENCE_TAG)
-    ax1.set(xlabel=by, ylabel="% of billed completion tokens")
-    ax1.legend(fontsize=8)
+    title(ax1, f"Token gap per {by} (bootstrap 95% CI)")
+    ax1.set(xlabel=by, ylabel="% of billed tokens (billed − reconstructed)")
+    ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncols=2, frameon=False)
     rate = t["unexplained_rate"].astype(float).fillna(0).to_numpy()
     err = np.clip(np.array([rate - t["unexplained_lo"], t["unexplained_hi"] - rate], dtype=float), 0, None)
     bars = ax2.bar(x, rate, 0.6, yerr=err, capsize=4, color=CLASS_COLORS["unexplained"])
-    n_billed = t[["match", "explained", "unexplained"]].sum(axis=1)
-    ax2.bar_label(bars, labels=[f"{k}/{n}" for k, n in zip(t["unexplained"], n_billed)], padding=3, fontsize=8)
+    ax2.bar_label(bars, labels=[f"{k}/{n}" for k, n in zip(t["unexplained"], t["rated"])], padding=3, fontsize=8)
     ax2.set_xticks(x, [plain(v) for v in t[by]], rotation=20, ha="right")
-    ax2.set_ylim(0, min(1.05, max(0.1, float((rate + err[1]).max()) * 1.25)) if len(t) else 1)
-    evidence_title(ax2, f"Unexplained records per {by} (Wilson 95% CI)", data, EVIDENCE_TAG)
-    ax2.set(xlabel=by, ylabel="share of billed records")
+    ax2.set_ylim(0, min(1.15, max(0.1, float((rate + err[1]).max()) * 1.3)) if len(t) else 1)
+    title(ax2, f"Unexplained records per {by} (Wilson 95% CI)")
+    ax2.set(xlabel=by, ylabel="share of rated records")
+    figure_tag(fig, data, EVIDENCE_TAG)
     return save(fig, path)
 
 
@@ -228,8 +245,9 @@ def chart_verdicts(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
             left += v
     evidence_title(ax, f"Billing verdicts per {by}", data, EVIDENCE_TAG)
     ax.set(xlabel="records", ylabel=by)
+    count_axis(ax, float(left.max(initial=0)), None, axis="x")
     if len(t):
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save(fig, path)
 
 
@@ -279,30 +297,80 @@ def _pct(v: float | None) -> str:
 def _headline_html(summary: dict[str, Any]) -> list[str]:
     a = summary["all"]
     return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
-            + f". Gap: <b>{_pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI {_pct(a['gap_pct_lo'])} … "
-            f"{_pct(a['gap_pct_hi'])}); unexplained by known conventions: <b>{_pct(a['unexplained_gap_pct'])}</b>.</p>"]
+            + f". Gap (billed − reconstructed): <b>{_pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI "
+            f"{_pct(a['gap_pct_lo'])} … {_pct(a['gap_pct_hi'])}); not explained by known conventions: "
+            f"<b>{_pct(a['unexplained_gap_pct'])}</b>.</p>"]
 
 
 def _verdicts_html(summary: dict[str, Any], image: Image) -> list[str]:
-    return ["<h2>Verdicts</h2>", _table(pd.DataFrame([summary["verdict"]])),
-            _table(pd.DataFrame([summary["records_with_convention"] or {"(none)": 0}])),
+    conventions = summary["records_with_convention"]
+    return ["<h2>Verdicts</h2>", "<p>Records per verdict:</p>", _table(pd.DataFrame([summary["verdict"]])),
+            *(["<p>Records per known provider convention that explains their gap:</p>",
+               _table(pd.DataFrame([conventions]))] if conventions else
+              ["<p>No record's gap is explained by a known provider convention (no <i>explained</i> records).</p>"]),
             image("billing_delta", "delta histogram")]
 
 
+COUNT_HEADERS = {"records": "records", **{c: c.replace("_", " ") for c in VERDICTS}, "rated": "rated",
+                 "billed_tokens": "billed tokens", "reconstructed_tokens": "reconstructed tokens"}
+GAP_HEADER = "gap: billed − reconstructed, % of billed [95% CI]"
+RESIDUAL_HEADER = "gap not explained by conventions, % of billed [95% CI]"
+RATE_HEADER = "unexplained records of rated [Wilson 95% CI]"
+CONVENTION_HEADERS = {"end_of_turn": "end of turn (convention followed)",
+                      "reasoning_count": "reasoning count (convention followed)"}
+
+
+def _share(v: float | None) -> str:
+    return "–" if v is None or v != v else f"{100 * v:.1f}%"
+
+
+def group_tables(rows: list[dict[str, Any]], by: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A per-provider or per-dataset table (:func:`group_table`'s rows) as two narrow tables that fit the page:
+    the counts (records per verdict class, billed and reconstructed tokens), and the rates (gap and the part not
+    explained by conventions with their intervals, the unexplained-record rate as ``k/n (share) [CI]``, and per
+    provider the conventions followed). ``rated`` records (a reconstruction and a billed count) are the
+    denominator of the rate."""
+    t = pd.DataFrame(rows)
+    counts = t[[by, *COUNT_HEADERS]].rename(columns=COUNT_HEADERS)
+    rates = pd.DataFrame({by: t[by],
+                          GAP_HEADER: [f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]" for v, lo, hi in
+                                       zip(t["gap_pct"], t["gap_pct_lo"], t["gap_pct_hi"])],
+                          RESIDUAL_HEADER: [f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]" for v, lo, hi in
+                                            zip(t["unexplained_gap_pct"], t["unexplained_gap_pct_lo"],
+                                                t["unexplained_gap_pct_hi"])],
+                          RATE_HEADER: [f"{k}/{n} ({_share(r)}) [{_share(lo)}, {_share(hi)}]" for k, n, r, lo, hi in
+                                        zip(t["unexplained"], t["rated"], t["unexplained_rate"], t["unexplained_lo"],
+                                            t["unexplained_hi"])]})
+    for key, header in CONVENTION_HEADERS.items():
+        if key in t:
+            rates[header] = t[key]
+    return counts, rates
+
+
+def _groups_html(summary: dict[str, Any], by: str) -> list[str]:
+    counts, rates = group_tables(summary[f"by_{by}"], by)
+    return [f"<p>Records and tokens per {by} (rated: a reconstruction and a billed count):</p>", _table(counts),
+            f"<p>Gap and unexplained records per {by}:</p>", _table(rates)]
+
+
 def _providers_html(summary: dict[str, Any], image: Image) -> list[str]:
-    return ["<h2>Per provider: gap, unexplained records, conventions followed</h2>",
-            _table(pd.DataFrame(summary["by_provider"])), image("billing_gap_by_provider", "gap per provider"),
-            image("billing_verdicts_by_provider", "verdicts per provider")]
+    return ["<h2>Per provider: gap, unexplained records, conventions followed</h2>", *_groups_html(summary, "provider"),
+            image("billing_gap_by_provider", "gap per provider"), image("billing_verdicts_by_provider", "verdicts per provider")]
 
 
 def _datasets_html(summary: dict[str, Any], image: Image) -> list[str]:
-    return ["<h2>Per dataset</h2>", _table(pd.DataFrame(summary["by_dataset"])),
-            image("billing_gap_by_dataset", "gap per dataset")]
+    return ["<h2>Per dataset</h2>", *_groups_html(summary, "dataset"), image("billing_gap_by_dataset", "gap per dataset")]
+
+
+WORST_HEADERS = {"id": "id", "provider": "provider", "dataset": "dataset", "finish_reason": "finish reason",
+                 "billed_completion_tokens": "billed tokens", "n_recon_tokens": "reconstructed tokens",
+                 "billing_delta": "billed − reconstructed", "unexplained_tokens": "not explained by conventions (tokens)",
+                 "reason": "reason"}
 
 
 def _worst_html(summary: dict[str, Any]) -> list[str]:
     return ["<h2>Worst unexplained records</h2>",
-            _table(pd.DataFrame(summary["worst"])) if summary["worst"] else "<p>none</p>"]
+            _table(pd.DataFrame(summary["worst"]).rename(columns=WORST_HEADERS)) if summary["worst"] else "<p>none</p>"]
 
 
 def _segments_html(segments: dict[str, pd.DataFrame | str]) -> list[str]:
@@ -332,12 +400,19 @@ BANNER = ("<p class='banner'><b>Billing-only evidence.</b> No engine token IDs w
 
 
 def billing_finding(summary: dict[str, Any]) -> str:
-    """The page's one-line finding in plain words, from the verdict classes."""
+    """The page's one-line finding in plain words, from the verdict classes. The unexplained share is of the
+    *rated* records (a reconstruction and a billed count), the denominator every page uses; error rows and
+    records without a usable billed count are not rated, and said so."""
     c = summary["verdict_class"]
-    n = summary["n_records"]
-    return (f"of {n:,} records, the provider's billed count equals the reconstruction for {c.get('match', 0):,}, differs by a "
-            f"known provider convention for {c.get('explained', 0):,}, and differs unexplained for {c.get('unexplained', 0):,}"
-            f" ({c.get('no_billing', 0):,} without a usable billed count, {c.get('error', 0):,} errors).")
+    n, rated = summary["n_records"], summary["all"]["rated"]
+    not_rated = (f"{n:,} records in all; {c.get('error', 0):,} error rows and {c.get('no_billing', 0):,} without a usable "
+                 "billed count not rated")
+    if not rated:
+        return f"no record could be rated ({not_rated})."
+    u = c.get("unexplained", 0)
+    return (f"of {rated:,} rated records (a reconstruction and a billed count; {not_rated}), the provider's billed count "
+            f"equals the reconstruction for {c.get('match', 0):,}, differs by a known provider convention for "
+            f"{c.get('explained', 0):,}, and is unexplained for {u:,} of {rated:,} ({u / rated:.0%}).")
 
 
 def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict[str, pd.DataFrame | str] | None = None,

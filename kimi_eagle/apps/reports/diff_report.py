@@ -36,6 +36,7 @@ from kimi_eagle.apps.reports.toolkit import (
     finding,
     html_page,
     html_table,
+    integer_axis,
     left_out_section,
     no_data,
     plain,
@@ -70,8 +71,15 @@ DATA_NOTES = {
     "toy": TOY_NOTE,
 }
 DATA_KINDS = tuple(DATA_NOTES)  # what ``data`` may be: simulated, real, or toy (a toy model on the real engine)
-BILLING_HEADERS = {"delta": "delta (billed − reconstructed)", "explained_by_hunks": "explained by hunks (engine − reconstructed)",
-                   "unexplained": "unexplained (billed − engine)"}
+# the report's billing section: "not explained by hunks" (billed − engine), never "unexplained", which on the billing
+# page means "not explained by a known provider convention"
+BILLING_HEADERS = {"n_records_billed": "records billed", "billed_completion_tokens": "billed tokens",
+                   "reconstructed_completion_tokens": "reconstructed tokens",
+                   "delta": "gap (billed − reconstructed)", "explained_by_hunks": "explained by hunks (engine − reconstructed)",
+                   "unexplained": "gap not explained by hunks (billed − engine)",
+                   "n_records_unexplained": "records with a gap not explained by hunks",
+                   "billed_reasoning_tokens": "billed reasoning tokens",
+                   "recon_reasoning_tokens": "reconstructed reasoning tokens"}
 CHARTS = ("mismatch_rate_by_dataset", "verdicts", "hunk_sizes", "token_delta", "first_divergence", "billing", "confusion")
 Image = Callable[[str, str], str]
 
@@ -113,6 +121,7 @@ def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, data: str | None 
         bars = ax1.barh(labels[::-1], counts[::-1], color=colors[::-1])
         ax1.bar_label(bars, padding=3, fontsize=8)
         ax1.margins(x=0.15)
+        integer_axis(ax1, "x")
     else:
         no_data(ax1, "ok records")
     ax1.set(xlabel="records", ylabel="label")
@@ -123,6 +132,7 @@ def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, data: str | None 
                         color=["#1976d2" if c == "split" else "#d32f2f" for c in cls.index[::-1]])
         ax2.bar_label(bars, padding=3, fontsize=8)
         ax2.margins(x=0.15)
+        integer_axis(ax2, "x")
     else:
         no_data(ax2, "hunks")
     ax2.set(xlabel="hunks", ylabel="split or semantic subclass")
@@ -144,6 +154,7 @@ def _side_by_side_hist(ax, groups: list[tuple[str, pd.Series, str]], bins: np.nd
         ax.bar_label(bars, labels=[f"{int(v)}" if v else "" for v in c], fontsize=7, padding=1)
     ax.legend(fontsize=8)
     ax.margins(y=0.12)
+    integer_axis(ax, "y")
 
 
 def chart_hunk_sizes(hunks: pd.DataFrame, data: str | None = None) -> Figure:
@@ -156,6 +167,7 @@ def chart_hunk_sizes(hunks: pd.DataFrame, data: str | None = None) -> Figure:
                            np.arange(0.5, 31.5))
     else:
         no_data(ax, "hunks")
+    integer_axis(ax, "x")
     ax.set(xlabel="tokens", ylabel="hunks")
     title(ax, "Hunk size (tokens on the longer side; 30 = 30 or more)", data)
     fig.tight_layout()
@@ -176,7 +188,8 @@ def chart_token_delta(records: pd.DataFrame, data: str | None = None) -> Figure:
     else:
         no_data(ax, "differing records")
         ax.set_ylabel("records")
-    ax.set(xlabel="engine tokens − reconstructed tokens (clipped at ±20)")
+    integer_axis(ax, "x")
+    ax.set(xlabel="engine − reconstructed tokens (clipped at ±20)")
     title(ax, f"Token-count delta per differing record ({len(diff):,} records)", data)
     fig.tight_layout()
     return fig
@@ -222,7 +235,7 @@ def chart_billing(records: pd.DataFrame, data: str | None = None) -> Figure:
         ax.legend(fontsize=8)
         n_off = int((b["billing_delta"] != 0).sum())
         title(ax, f"Billed vs reconstructed completion tokens ({len(b):,} records, {n_off:,} off the diagonal, "
-                   f"{int((b['billing_unexplained'] != 0).sum()):,} not explained by hunks"
+                   f"{int((b['billing_unexplained'] != 0).sum()):,} with a gap not explained by hunks"
                    + ("; log axes: counts span " + f"{int(both.min()):,}–{int(both.max()):,}" if log else "") + ")",
                data)
     else:
@@ -353,7 +366,7 @@ def _billing_html(summary: dict[str, Any], image: Image) -> list[str]:
     return [
         "<h2>Billing reconciliation</h2>",
         html_table(pd.DataFrame([{BILLING_HEADERS.get(k, k): v for k, v in bill.items() if not isinstance(v, dict)}])),
-        "<p>Explained by hunk class (engine − reconstructed tokens):</p>", html_table(by_class),
+        "<p>Tokens explained by hunk class (engine − reconstructed):</p>", html_table(by_class),
         "<p>Reasoning tokens:</p>", html_table(pd.DataFrame([{BILLING_HEADERS.get(k, k): v for k, v in bill["reasoning"].items()}])),
         image("billing", "billing"),
     ]

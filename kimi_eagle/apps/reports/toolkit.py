@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import base64
 import html
+import math
+import re
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from kimi_eagle.diff.summary import error_reason, left_out_note
 from kimi_eagle.io import write_figure
@@ -30,7 +34,11 @@ VERDICT_COLORS = {"exact": "#388e3c", "match": "#388e3c", "bpe_split": "#1976d2"
                   "missing_api": "#9e9e9e", "error": "#424242"}
 # one sign convention on every page: stated at the top, and in every axis label and table header that shows a difference
 SIGN_CONVENTION = ("Differences on this page are reference − reconstructed (engine − reconstructed tokens, billed − "
-                   "reconstructed tokens): positive means the reconstruction has fewer tokens.")
+                   "reconstructed tokens): positive means the reconstruction has fewer tokens. The part of a billing gap "
+                   "not explained by hunks is (billed − reconstructed) − (engine − reconstructed) = billed − engine.")
+# run status, in the same scheme: finished green, failed red, not there grey
+STATUS_COLORS = {"ok": "#388e3c", "error": "#d32f2f", "failed": "#d32f2f", "missing": "#9e9e9e",
+                 "missing_engine": "#9e9e9e", "missing_api": "#9e9e9e"}
 SMALL_COUNTS = 200  # a histogram whose tallest bar is at most this stays on a linear axis
 
 
@@ -40,12 +48,21 @@ def verdict_color(name: Any) -> str | None:
     return VERDICT_COLORS.get(key)
 
 
-def count_axis(ax: Any, tallest: float, label: str = "records") -> None:
-    """A count axis: linear while the tallest bar is at most :data:`SMALL_COUNTS`, else symlog (said in the label)."""
+def count_axis(ax: Any, tallest: float, label: str | None = "records", axis: str = "y") -> None:
+    """A count axis (``axis``: ``"x"`` or ``"y"``): linear with integer ticks while the tallest bar is at most
+    :data:`SMALL_COUNTS`, else symlog (said in the label); ``label=None`` keeps the axis label as it is."""
     if tallest > SMALL_COUNTS:
-        ax.set_yscale("symlog", linthresh=10)
-        label += " (symlog)"
-    ax.set_ylabel(label)
+        getattr(ax, f"set_{axis}scale")("symlog", linthresh=10)
+        label = f"{label} (symlog)" if label else label
+    else:
+        integer_axis(ax, axis)
+    if label:
+        getattr(ax, f"set_{axis}label")(label)
+
+
+def integer_axis(ax: Any, axis: str = "y") -> None:
+    """Ticks on whole numbers only (counts: records, hunks, tokens), never 0.25 steps."""
+    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
 
 
 def finding(text_html: str) -> str:
@@ -56,9 +73,10 @@ def finding(text_html: str) -> str:
 # figures
 
 
-def figure(figsize: tuple[float, float], ncols: int = 1) -> tuple[Figure, Any]:
-    """A figure detached from pyplot (no backend involved) and its axes (one, or a row of ``ncols``)."""
-    fig = Figure(figsize=figsize)
+def figure(figsize: tuple[float, float], ncols: int = 1, layout: str | None = None) -> tuple[Figure, Any]:
+    """A figure detached from pyplot (no backend involved) and its axes (one, or a row of ``ncols``);
+    ``layout="constrained"`` lays out titles, legends outside the axes and a suptitle without overlap."""
+    fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(1, ncols)
 
 
@@ -86,9 +104,16 @@ def title(ax: Any, text: str, data: str | None = None, fontsize: float = 10.5, w
 
 
 def evidence_title(ax: Any, text: str, data: str, evidence: str) -> None:
-    """Set ``ax``'s title with a second line naming the evidence and the data kind:
+    """Set ``ax``'s title (wrapped to the axes) with a last line naming the evidence and the data kind:
     ``text\\n[billing-only evidence] [REAL data]`` (the data kind as :func:`data_tag` says it)."""
-    ax.set_title(f"{text}\n[{evidence}] {data_tag(data)}")
+    title(ax, text)
+    ax.set_title(f"{ax.get_title()}\n[{evidence}] {data_tag(data)}", fontsize=10.5)
+
+
+def figure_tag(fig: Figure, data: str, evidence: str | None = None) -> None:
+    """The data tag (and evidence) once, as the figure's suptitle, for a figure of several panels: each panel
+    keeps a short title of its own, so side-by-side titles never collide."""
+    fig.suptitle(f"[{evidence}] {data_tag(data)}" if evidence else data_tag(data), fontsize=10.5)
 
 
 def plain(label: Any) -> str:
@@ -104,7 +129,7 @@ def no_data(ax: Any, what: str) -> None:
 
 def save(fig: Figure, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:
     """Write ``fig`` as a PNG to ``path`` (atomically; laid out tight first unless ``tight`` is False)."""
-    if tight:
+    if tight and fig.get_layout_engine() is None:
         fig.tight_layout()
     write_figure(fig, path, dpi=dpi)
     return Path(path)
@@ -131,10 +156,38 @@ def draw_charts(builders: dict[str, Callable[[Path], Path]], out: Path, notes: N
 # HTML parts
 
 
+BREAK_AFTER = re.compile(r"(?<=[_/:#=,.|])(?=\S)")  # where a long name may wrap: after _ / : # = , . |
+
+
+def breakable(text: Any) -> str:
+    """``text`` escaped, with a ``<wbr>`` after every ``_ / : # = , . |`` inside it: a long id, path or
+    ``snake_case`` header wraps there, never inside a word."""
+    return "<wbr>".join(html.escape(part) for part in BREAK_AFTER.split(str(text)))
+
+
+def is_number(v: Any) -> bool:
+    """A real number (an int or float, numpy's included; never a bool)."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def html_cell(v: Any, float_format: str = "{:.3f}") -> str:
+    """One ``<td>``: a number right-aligned (class ``num``, ``float_format`` for a float), text left-aligned and
+    :func:`breakable`; missing as ``–``."""
+    if v is None or (is_number(v) and isinstance(v, (float, np.floating)) and math.isnan(v)):
+        return "<td class='num'>–</td>"
+    if is_number(v):
+        text = float_format.format(v) if isinstance(v, (float, np.floating)) else f"{int(v)}"
+        return f"<td class='num'>{html.escape(text)}</td>"
+    return f"<td>{breakable(v)}</td>"
+
+
 def html_table(df: pd.DataFrame, float_format: str = "{:.3f}") -> str:
-    """``df`` as an escaped HTML table of class ``t`` (no index; missing values as ``–``)."""
-    return df.to_html(index=False, border=0, classes="t", na_rep="–",
-                      float_format=lambda v: float_format.format(v), escape=True)
+    """``df`` as an escaped HTML table of class ``t`` (no index; missing values as ``–``; numbers right-aligned,
+    text left-aligned; headers and text wrap at spaces and after ``_ / : # =``, never inside a word)."""
+    head = "".join(f"<th>{breakable(c)}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(html_cell(v, float_format) for v in r) + "</tr>"
+                   for r in df.itertuples(index=False, name=None))
+    return f"<table class='t'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
 def left_out_paragraph(text_html: str) -> str:
@@ -187,10 +240,11 @@ def linked_figures(paths: Sequence[Path]) -> str:
 STYLESHEET = """\
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 h2{margin-top:1.6em}
-table.t{border-collapse:collapse;font-size:13px}
-table.t td,table.t th{border:1px solid #ddd;padding:3px 8px;text-align:right;max-width:420px;overflow-wrap:anywhere}
-table.t th{overflow-wrap:normal;word-break:keep-all;hyphens:none}
-table.t{max-width:100%;display:block;overflow-x:auto}
+table.t,body.batch table{border-collapse:collapse;font-size:13px;table-layout:auto;max-width:100%;margin:8px 0 16px}
+table.t td,table.t th,body.batch td,body.batch th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;
+word-break:normal;overflow-wrap:break-word;hyphens:none}
+table.t th,body.batch th{white-space:normal;background:#fafafa}
+table.t td.num,body.batch td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 .finding{font-size:16px;background:#f1f8e9;border-left:4px solid #558b2f;padding:6px 10px}
 .sign{color:#555;font-size:13px}
 img{max-width:100%;border:1px solid #eee}
@@ -203,12 +257,10 @@ img{max-width:100%;border:1px solid #eee}
 pre{background:#f5f5f5;padding:8px;overflow:auto;white-space:pre-wrap}
 figure{display:inline-block;margin:8px}
 body.batch{max-width:1400px}
-body.batch table{border-collapse:collapse;font-size:13px;margin:8px 0 16px;max-width:1400px}
-body.batch td,body.batch th{border:1px solid #ccc;padding:3px 8px;text-align:right;max-width:260px;overflow-wrap:anywhere}
-body.batch th{white-space:normal}
-body.batch td:first-child{text-align:left}
+body.batch table{border-color:#ccc}
 body.batch p.data{background:#fff3e0;border:2px solid #ef6c00;font-size:inherit}
 body.batch img{max-width:640px}
+tr.group th{text-align:left;white-space:nowrap;background:#fce4ec;color:#ad1457}
 tr.ok td:nth-child(2){color:#2e7d32}
 tr.failed td:nth-child(2){color:#c62828;font-weight:bold}
 tr.missing td:nth-child(2){color:#777}

@@ -1,5 +1,6 @@
 """Playground widgets: ``TokenizerPlayground`` (text in, chips out, compared with a pasted ID list) and
-``CompletionPlayground`` (a completion's engine IDs in, the API message a Kimi server returns out)."""
+``CompletionPlayground`` (a completion's engine IDs or raw text in, the API message a Kimi server returns
+out, with the conventions it follows: what each serving profile returns, and the parser's flags)."""
 from __future__ import annotations
 
 import html
@@ -12,6 +13,9 @@ import ipywidgets as W
 from kimi_eagle.apps.widgets.chips import CHIP_CSS
 from kimi_eagle.apps.widgets.inspector import _chips, aligned_html, parse_ids
 from kimi_eagle.apps.widgets.snapshot import SnapshotBox
+from kimi_eagle.chat.completion import tool_id_style
+from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
+from kimi_eagle.chat.serving import PROFILES
 from kimi_eagle.diff.align import AlignError
 from kimi_eagle.diff.classify import RecordVerdict, classify
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -73,52 +77,169 @@ class TokenizerPlayground:
 # --------------------------------------------------------------------------------------------
 # completion parser playground
 
+MODES = ("auto", "IDs", "text")
+# auto reads as IDs what holds only numbers, separators and brackets, and everything else as raw text
+_ID_LIKE = re.compile(r"[\s\[\],.+\-\d]*\d[\s\[\],.+\-\d]*")
+# the ServingProfile fields that act on the completion (the rest shape the prompt)
+COMPLETION_FIELDS = ("split_on", "finish_on_section", "unterminated_call", "name_rule", "id_chars", "args_object",
+                     "id_rule", "strip", "strip_reasoning")
+# what each flag of parse_completion says (docs/reconstruct.md, "The inverse parser")
+FLAG_NOTES = {
+    "invalid_utf8": "the bytes are not valid UTF-8 (a cut inside a character): the text holds U+FFFD",
+    "other_special": "a special token that is not a Kimi marker: its spelling is kept in the text",
+    "literal_marker": "marker text written as ordinary tokens: text here, but servers that split the decoded text "
+                      "(vllm, sglang) split there",
+    "text_after_im_end": "tokens after <|im_end|>: generation stops there, they are not part of the turn",
+    "no_think_end": "no </think>: the reasoning runs straight into the tool section (K2.5 does this)",
+    "stray_marker": "a marker with no role where it stands: its spelling is kept in the text",
+    "truncated_in_reasoning": "cut inside the reasoning: everything is reasoning, no content",
+    "reasoning_not_closed": "<|im_end|> with no </think> before it: everything is reasoning",
+    "text_after_tool_section": "text after <|tool_calls_section_end|>: servers keep only what precedes the section",
+    "text_in_tool_section": "text between calls: servers ignore it",
+    "truncated_in_tool_id": "cut inside a call's id: that call is not returned",
+    "malformed_tool_call": "a call whose markers are out of order: not returned",
+    "truncated_in_tool_call": "cut inside the last call's arguments: returned with the arguments written so far",
+    "whitespace_stripped": "whitespace the model wrote around an id, arguments or reasoning is stripped",
+    "tool_id_unparsed": "a call id of neither shape functions.NAME:N nor NAME:N: servers skip that call",
+    "dropped_by_server": "a call the model wrote (in full or cut) that this server does not return",
+    "tool_id_renumbered": "the id returned is SGLang's functions.NAME:{history + position}, not the one written",
+}
+_DIFF_STYLE = "background:#fff3e0"
+_PROFILES_CSS = ("<style>table.ke-profiles{font-size:12px;border-collapse:collapse}table.ke-profiles td,"
+                 "table.ke-profiles th{text-align:left;vertical-align:top;padding:2px 6px}</style>")
+
+
+def flag_note(flag: str) -> str:
+    """One line saying what ``flag`` (of :class:`~kimi_eagle.chat.parse.ParsedCompletion`) means."""
+    return FLAG_NOTES.get(flag.split(":", 1)[0], "")
+
+
+def read_completion(tok: Tokenizer, text: str, mode: str = "auto") -> tuple[list[int], str]:
+    """``(IDs, "IDs" | "text")``: ``text`` read as pasted IDs or, as raw completion text, encoded with
+    specials allowed (``</think>``, ``<|im_end|>`` … become their special tokens). ``auto`` reads text of
+    numbers and separators only as IDs. Raises ``ValueError`` with a one-line reason for bad IDs."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if mode == "text" or mode == "auto" and not _ID_LIKE.fullmatch(text):
+        return tok.encode(text, allow_special=True), "text"
+    ids = parse_ids(text)
+    bad = next((i for i in ids if not 0 <= i < tok.n_vocab), None)
+    if bad is not None:
+        raise ValueError(f"{bad} is outside the vocabulary (n_vocab {tok.n_vocab})")
+    return ids, "IDs"
+
+
+def parse_by_profile(tok: Tokenizer, ids: list[int], format_name: str = "kimi-k2.5",
+                     strip: bool = False) -> dict[str, ParsedCompletion]:
+    """What every serving profile (:data:`~kimi_eagle.chat.serving.PROFILES`) returns for ``ids``."""
+    return {name: parse_completion(ids, tok, ParseOptions(format_name=format_name, strip=strip, serving=name))
+            for name in PROFILES}
+
+
+def _same_rules(name: str) -> str:
+    return "only marker special tokens split the completion" if name == "template" else "completion read as template"
+
+
+def _answer(p: ParsedCompletion) -> dict[str, Any]:
+    return {"finish_reason": p.finish_reason, **p.message()}
+
+
+def _cell(value: Any) -> str:
+    return html.escape(json.dumps(value, ensure_ascii=False))
+
+
+def profiles_html(by_profile: dict[str, ParsedCompletion]) -> str:
+    """A table: one row per serving profile, its answer's fields (those that differ from ``template``'s
+    highlighted), its completion rules that differ from ``template``'s, and its flags."""
+    base = _answer(by_profile["template"])
+    keys = ("finish_reason", "reasoning", "content", "tool_calls")
+    groups: dict[str, list[str]] = {}
+    for name, p in by_profile.items():
+        groups.setdefault(json.dumps(_answer(p), sort_keys=True), []).append(name)
+    rows = []
+    for name, p in by_profile.items():
+        answer = _answer(p)
+        rules = ", ".join(f"{f}={getattr(PROFILES[name], f)}" for f in COMPLETION_FIELDS
+                          if getattr(PROFILES[name], f) != getattr(PROFILES["template"], f))
+        cells = "".join(f'<td style="{_DIFF_STYLE if answer.get(k) != base.get(k) else ""}"><code>'
+                        f"{_cell(answer.get(k))}</code></td>" for k in keys)
+        rows.append(f'<tr><td><b>{name}</b><br><span style="color:#777;font-size:11px">{html.escape(rules or _same_rules(name))}'
+                    f"</span></td>{cells}<td>{html.escape(', '.join(p.flags)) or '–'}</td></tr>")
+    same = " · ".join(" = ".join(names) for names in groups.values())
+    return (f"<p><b>What each server returns</b> (same answer: {html.escape(same)}; fields that differ from "
+            f"template's are highlighted)</p>{_PROFILES_CSS}<table class=\"ke-profiles\">"
+            "<tr><th>profile</th>" + "".join(f"<th>{k}</th>" for k in keys) + "<th>flags</th></tr>" + "".join(rows)
+            + "</table>")
+
+
+def conventions_html(parsed: ParsedCompletion, format_name: str) -> str:
+    """The conventions the completion follows, one line each: how it ends, how the reasoning ends, the
+    style of each tool-call id, and what each flag means."""
+    lines = ["ends with <code>&lt;|im_end|&gt;</code>: a natural stop" if parsed.finish_reason != "length" else
+             "no <code>&lt;|im_end|&gt;</code>: cut by the length limit, finish_reason <b>length</b>"]
+    if PARSE_FORMATS[format_name] == "content":
+        lines.append(f"{html.escape(format_name)} has no reasoning: the text before the tool section is content")
+    elif parsed.think_end is not None:
+        lines.append("<code>&lt;/think&gt;</code> closes the reasoning" if parsed.think_end else
+                     "no <code>&lt;/think&gt;</code>: the reasoning runs straight into the tool section")
+    lines += [f"tool call <code>{html.escape(c['id'])}</code>: id style <b>{tool_id_style(c['id'])}</b>, function "
+              f"<code>{html.escape(c['function']['name'])}</code>" for c in parsed.tool_calls]
+    lines += [f"flag <b>{html.escape(f)}</b>: {html.escape(flag_note(f))}" for f in parsed.flags]
+    return "<p><b>Conventions</b></p><ul>" + "".join(f"<li>{line}</li>" for line in lines) + "</ul>"
+
 
 class CompletionPlayground:
-    """Paste a completion's engine IDs, see the API message a Kimi server returns for them
-    (:func:`kimi_eagle.chat.parse.parse_completion`): reasoning, content, tool calls, finish reason, flags."""
+    """Paste a completion's engine IDs or its raw text (markers spelled out), see the API message a Kimi
+    server returns for it (:func:`kimi_eagle.chat.parse.parse_completion`) and the conventions it follows:
+    how it ends, the flags, and what each serving profile (template, moonshot, vllm, sglang) returns."""
 
-    def __init__(self, tok: Tokenizer, ids: str = "", format_name: str = "kimi-k2.5") -> None:
-        from kimi_eagle.chat.parse import PARSE_FORMATS
-
+    def __init__(self, tok: Tokenizer, ids: str = "", format_name: str = "kimi-k2.5", text: str = "",
+                 serving: str = "template") -> None:
         self.tok = tok
-        self.ids = W.Textarea(value=ids, description="IDs", placeholder="completion IDs: 1, 2, 3 or [1, 2, 3]",
+        self.ids = W.Textarea(value=text or ids, description="completion",
+                              placeholder="IDs (1, 2, 3 or [1, 2, 3]) or raw text with markers such as </think>",
                               layout=W.Layout(width="90%", height="80px"))
+        self.mode = W.ToggleButtons(options=MODES, value="text" if text else "auto", description="read as")
         self.format = W.Dropdown(options=list(PARSE_FORMATS), value=format_name, description="format")
+        self.serving = W.Dropdown(options=list(PROFILES), value=serving, description="server")
         self.strip = W.Checkbox(value=False, description="strip whitespace as the servers do")
         self.html = W.HTML()
-        self.parsed: Any = None
-        for w in (self.ids, self.format, self.strip):
+        self.parsed: ParsedCompletion | None = None
+        self.by_profile: dict[str, ParsedCompletion] = {}
+        self.source_ids: list[int] = []
+        self.read_as = ""
+        for w in (self.ids, self.mode, self.format, self.serving, self.strip):
             w.observe(lambda _: self._render(), names="value")
-        for w, name in ((self.ids, "ids"), (self.format, "format"), (self.strip, "strip"), (self.html, "view")):
+        for w, name in ((self.ids, "ids"), (self.mode, "mode"), (self.format, "format"), (self.serving, "serving"),
+                        (self.strip, "strip"), (self.html, "view")):
             w.add_class(f"ke-completion-{name}")  # stable hooks for browser tests
-        self.widget = SnapshotBox([self.ids, W.HBox([self.format, self.strip]), self.html], snapshot=self.snapshot_html)
+        self.widget = SnapshotBox([self.ids, self.mode, W.HBox([self.format, self.serving, self.strip]), self.html],
+                                  snapshot=self.snapshot_html)
         self._render()
 
     def snapshot_html(self) -> str:
-        """The current view as static HTML: the pasted IDs as written, then the parsed message."""
-        return f"<p>IDs: <code>{html.escape(self.ids.value)}</code></p>{self.html.value}"
+        """The current view as static HTML: the pasted completion as written, then the parsed message."""
+        return f"<p>{self.read_as or 'completion'}: <code>{html.escape(self.ids.value)}</code></p>{self.html.value}"
 
     def _render(self) -> None:
-        from kimi_eagle.chat.parse import ParseOptions, parse_completion
-
-        self.parsed = None
+        self.parsed, self.by_profile, self.source_ids, self.read_as = None, {}, [], ""
+        if not self.ids.value.strip():
+            self.html.value = ("<p>paste the IDs of a completion (what the engine generated after the prompt) "
+                               "or its raw text</p>")
+            return
         try:
-            pasted = parse_ids(self.ids.value)
-            bad = next((i for i in pasted if not 0 <= i < self.tok.n_vocab), None)
-            if bad is not None:
-                raise ValueError(f"{bad} is outside the vocabulary")
+            ids, self.read_as = read_completion(self.tok, self.ids.value, self.mode.value)
         except ValueError as e:
-            self.html.value = f'<p style="color:#d32f2f">IDs: {html.escape(str(e))}</p>'
+            prefix = "" if str(e).startswith("IDs") else "IDs: "
+            self.html.value = f'<p style="color:#d32f2f">{prefix}{html.escape(str(e))}</p>'
             return
-        if not pasted:
-            self.html.value = "<p>paste the IDs of a completion (what the engine generated after the prompt)</p>"
-            return
-        self.parsed = parse_completion(pasted, self.tok,
-                                       ParseOptions(format_name=self.format.value, strip=self.strip.value))
-        p = self.parsed
+        self.source_ids = ids
+        self.by_profile = parse_by_profile(self.tok, ids, self.format.value, self.strip.value)
+        p = self.parsed = self.by_profile[self.serving.value]
+        how = "IDs" if self.read_as == "IDs" else "raw text, encoded with specials allowed"
         self.html.value = "".join([
-            f"<p>{len(pasted)} tokens &rarr; finish_reason <b>{html.escape(p.finish_reason)}</b>"
-            f"{', flags ' + html.escape(', '.join(p.flags)) if p.flags else ''}</p>",
-            CHIP_CSS, '<div class="ke-chips">' + _chips(self.tok, pasted, 0, self.tok.special_ids) + "</div>",
-            "<pre>" + html.escape(json.dumps(p.message(), ensure_ascii=False, indent=1)) + "</pre>"])
+            f"<p>{len(ids)} tokens ({how}) &rarr; <b>{html.escape(self.serving.value)}</b> returns finish_reason "
+            f"<b>{html.escape(p.finish_reason)}</b>{', flags ' + html.escape(', '.join(p.flags)) if p.flags else ''}</p>",
+            CHIP_CSS, '<div class="ke-chips">' + _chips(self.tok, ids, 0, self.tok.special_ids) + "</div>",
+            '<pre class="ke-message">' + html.escape(json.dumps(_answer(p), ensure_ascii=False, indent=1)) + "</pre>",
+            conventions_html(p, self.format.value), profiles_html(self.by_profile)])
