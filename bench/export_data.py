@@ -109,6 +109,11 @@ def main() -> None:
         base_wall, base_cpu = best["baseline"]
         print(f"baseline (parquet read + write of {', '.join(COLUMNS)}): {args.rows / base_wall:,.0f} rows/s "
               f"(wall {base_wall:.3f} s, cpu {base_cpu:.3f} s; the read alone: wall {best['baseline read'][0]:.3f} s)")
+        mb = lambda path: f"{path.name} {path.stat().st_size / 1e6:,.0f} MB"  # noqa: E731
+        sizes = {to: [mb(Path(d) / to / n) for n in ("rows.jsonl", "prompts.jsonl", "data-00000-of-00001.arrow")
+                      if (Path(d) / to / n).exists()] for to in ed.TARGETS}
+        print(f"written: baseline {mb(Path(d) / 'copy.parquet')}; " + "; ".join(f"{to} {', '.join(v)}"
+                                                                               for to, v in sizes.items()))
         for to in ed.TARGETS:
             wall, cpu_s = best[to]
             print(f"{to:12s}: {args.rows / wall:10,.0f} rows/s  ratio vs baseline: wall {base_wall / wall:.2f}, "

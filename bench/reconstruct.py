@@ -4,7 +4,8 @@ Records: the converted ShareGPT and glaive datasets (``kimi-eagle convert``, 8,4
 with distinct ids (``id#copy``) to ``--records`` (default 100,000) and to ``--small`` (10,000); format ``kimi-k2.5``.
   bare tiktoken : ``tiktoken.Encoding.encode`` of the completion strings of the small set
   in process    : ``reconstruct_record`` over the already-parsed small set (full rows: prompt rendering and
-                  encoding included; fresh encoder cache) -- the baseline of issue #28
+                  encoding included; fresh encoder cache) -- the baseline of issue #28; also run with the
+                  job's raised GC threshold (``fewer_collections``), to show the job gains nothing from it there
   1 / N workers : ``reconstruct_file`` end to end (JSONL in, parquet out), in a child process that has loaded
                   the tokenizer and warmed up on 1,000 records; one child per input size, so its peak RSS is
                   the memory of that size (1,000 records: the base; the small set 10x, the big set 100x)
@@ -36,6 +37,7 @@ from kimi_eagle.reconstruct.convert import convert_file
 SMALL = 10_000
 BASE = 1_000  # the records of the memory base and of each child's warm-up
 PLACEHOLDER = "\x00bench-id\x00"
+TUNED = "in process, job's GC"  # the in-process path run under the job's GC threshold
 
 
 def make_records(tmp: Path, n: int) -> Path:
@@ -91,16 +93,42 @@ def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path
                                         JobOptions(workers=n, progress=False), tokenizer=tok)
 
     warm_s = timed(job(warm, 1))[0]
+    reset = Path("/proc/self/clear_refs")  # Linux: writing 5 resets the peak RSS (VmHWM) to the current RSS
+    if reset.exists():
+        reset.write_text("5")
     runs: dict[str, list] = {str(n): [] for n in workers}
     for _ in range(repeats):
         for n in workers:
             runs[str(n)].append(timed(job(src, n)))
     one = out_dir / f"one-shard-{os.getpid()}.jsonl"
     one.write_bytes(b"".join(warm.read_bytes().splitlines(keepends=True)[:256]))
+    peak = peak_rss_mb()  # of the timed runs only (the tokenizer's load and the warm-up excluded where Linux can)
     startup = {str(n): min(timed(job(one, n))[0] for _ in range(3)) for n in (1, 2)}
-    return {"runs": runs, "load_s": load_s, "warm_s": warm_s, "one_shard_s": startup,
-            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    return {"runs": runs, "load_s": load_s, "warm_s": warm_s, "one_shard_s": startup, "fork_s": fork_seconds(),
+            "rss_mb": peak, "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS in MB (``VmHWM``, which ``clear_refs`` resets; else the lifetime peak)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def fork_seconds() -> float:
+    """The serial part of starting a worker: one ``fork`` of this process (which holds the tokenizer), best of 5."""
+    best = 9e9
+    for _ in range(5):
+        t = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        best = min(best, time.perf_counter() - t)
+        os.waitpid(pid, 0)
+    return best
 
 
 def run_child(src: Path, warm: Path, workers: list[int], repeats: int, tmp: Path) -> dict:
@@ -122,7 +150,8 @@ WHERE = {"scan + sha256": "scan thread", "read lines": "worker", "JSON parse": "
 
 
 def stage_costs(src: Path, tok, fmt) -> dict[str, float]:
-    """CPU seconds of each step of the file job on ``src``, shard by shard as the job runs them (one thread)."""
+    """CPU seconds of each step of the file job on ``src``, in the job's order: per shard, each record parsed
+    and reconstructed in turn (as ``reconstruct_line`` does), then the shard's table, IPC file and parquet."""
     import pyarrow.parquet as pq
 
     from kimi_eagle.chat.encoder import PieceEncoder
@@ -131,24 +160,29 @@ def stage_costs(src: Path, tok, fmt) -> dict[str, float]:
     from kimi_eagle.reconstruct.record import reconstruct_record
 
     t = dict.fromkeys(WHERE, 0.0)
+    clock = time.thread_time
 
     def step(name, fn):
-        c = time.process_time()
+        c = clock()
         out = fn()
-        t[name] += time.process_time() - c
+        t[name] += clock() - c
         return out
 
     J.rows_table([])  # pyarrow's first conversion imports pandas: not a cost of the steps
-    _, starts, _ = step("scan + sha256", lambda: J._shard_starts(src, 256))
+    c = time.process_time()  # the scan runs in threads: the process's CPU time while it alone runs
+    _, starts, _ = J._shard_starts(src, 256)
+    t["scan + sha256"] = time.process_time() - c
     ends = [o for o, _ in starts[1:]] + [src.stat().st_size]
     enc, first = PieceEncoder(tok), {}
     with tempfile.TemporaryDirectory() as d, pq.ParquetWriter(Path(d) / "o.parquet", J.reconstruction_schema(),
-                                                              use_dictionary=False) as writer:
+                                                              use_dictionary=False) as writer, J.fewer_collections():
         for k, ((offset, lineno), end) in enumerate(zip(starts, ends)):
             lines = step("read lines", lambda: J._read_shard(src, offset, lineno, 256, end))
-            parsed = step("JSON parse", lambda: [(ln, parse_line(raw, ln)[0]) for ln, raw in lines])
-            rows = step("reconstruct", lambda: [(reconstruct_record(p.obj, tok, fmt, encoder=enc), ln) for ln, p in parsed])
-            dicts = step("row dicts", lambda: [{**r.to_dict(), "line": ln} for r, ln in rows])
+            dicts = []
+            for ln, raw in lines:
+                line = step("JSON parse", lambda: parse_line(raw, ln)[0])
+                row = step("reconstruct", lambda: reconstruct_record(line.obj, tok, fmt, encoder=enc))
+                dicts.append(step("row dicts", lambda: {**row.to_dict(), "line": ln}))
             table = step("Arrow columns", lambda: J.rows_table(dicts))
             info = step("shard info", lambda: J.ShardInfo.of(table))
             path = Path(d) / J.shard_name(k)
@@ -159,20 +193,24 @@ def stage_costs(src: Path, tok, fmt) -> dict[str, float]:
     return t
 
 
-def model_seconds(per_record: dict[str, float], fixed: dict[str, float], records: int, workers: int, cores: int) -> float:
-    """Predicted wall seconds of the file job: fixed start-up, then the slowest of the pipeline's lanes.
+def model_seconds(per_record: dict[str, float], fixed: dict[str, float], records: int, workers: int, cores: int,
+                  outputs: int = 1) -> float:
+    """Predicted wall seconds of the file job: fixed start-up, then the slowest of the pipeline's lanes;
+    ``outputs``: the input split into that many files, one job each (``workers`` in all, run side by side).
 
     ``per_record`` (seconds a record): ``worker`` (a worker's CPU), ``parent`` (the parent's GIL-holding merge
     work: IPC read + duplicates; none with one worker), ``writer`` (the parquet encode, one thread), ``scan``
-    (the scan + SHA-256, one thread). ``fixed``: ``start`` (once a run), ``per_worker`` (each forked worker,
-    serial in the parent), ``tail`` (the last shard's parquet write and close). Lanes: the workers
+    (the scan + SHA-256, one thread). ``fixed``: ``start`` (once a run), ``pool`` (a pool's start beyond its
+    forks: the workers' first-shard warm-up, in parallel; only with workers), ``per_worker`` (one fork, serial
+    in the parent), ``tail`` (the last shard's parquet write and close). Lanes: the workers
     (``records * worker / workers``), the writer thread, the scan thread, the parent, and the CPU they all
     share (``records * (worker + parent + writer + scan) / cores``).
     """
-    parent = per_record["parent"] if workers > 1 else 0.0
-    lanes = [records * per_record["worker"] / workers, records * per_record["writer"], records * per_record["scan"],
-             records * parent, records * (per_record["worker"] + parent + per_record["writer"] + per_record["scan"]) / cores]
-    start = fixed["start"] + (fixed["per_worker"] * workers if workers > 1 else 0.0)
+    parent = per_record["parent"] if workers > outputs else 0.0
+    each = records / outputs  # the records of one job: its writer, scan and merge are its own
+    lanes = [records * per_record["worker"] / workers, each * per_record["writer"], each * per_record["scan"],
+             each * parent, records * (per_record["worker"] + parent + per_record["writer"] + per_record["scan"]) / cores]
+    start = fixed["start"] + (fixed["pool"] + fixed["per_worker"] * workers / outputs if workers > outputs else 0.0)
     return start + max(lanes) + fixed["tail"]
 
 
@@ -200,10 +238,17 @@ def in_process_runs(small: Path, repeats: int) -> tuple[dict, int, int]:
         for r in records:
             reconstruct_record(r, tok, fmt, encoder=enc)
 
-    runs: dict[str, list] = {"bare tiktoken": [], "in process": []}
+    def in_process_tuned() -> None:
+        with fewer_collections():
+            in_process()
+
+    from kimi_eagle.reconstruct.job import fewer_collections
+
+    runs: dict[str, list] = {"bare tiktoken": [], "in process": [], TUNED: []}
     for _ in range(repeats):
         runs["bare tiktoken"].append(timed(lambda: [tok.encoding.encode(t, allowed_special="all") for t in texts]))
         runs["in process"].append(timed(in_process))
+        runs[TUNED].append(timed(in_process_tuned))
     return {name: best_of(r) for name, r in runs.items()}, n_tokens, len(records)
 
 
@@ -213,7 +258,7 @@ def best_of(runs: list) -> list[float]:
 
 def report(args, base: dict, inproc: dict, n_tokens: int, n_small: int, children: dict, costs: dict) -> None:
     n, big, small = args.workers, children["big"], children["small"]
-    rate = {"in process": [n_small / v for v in inproc["in process"]]}
+    rate = {name: [n_small / v for v in inproc[name]] for name in ("in process", TUNED)}
     for label, c, size in (("", big, args.records), (" @small", small, n_small)):
         for w in ("1", str(n)):
             rate[f"{w} worker{'s' if w != '1' else ''}{label}"] = [size / v for v in best_of(c["runs"][w])]
@@ -227,17 +272,21 @@ def report(args, base: dict, inproc: dict, n_tokens: int, n_small: int, children
     print(f"1 worker / in process      : wall {rate[one][0] / rate['in process'][0]:.2f} (big), "
           f"{rate[one_small][0] / rate['in process'][0]:.2f} (small, the same records); main-thread CPU / in-process CPU "
           f"{rate[one][2] / rate['in process'][1]:.2f} (big), {rate[one_small][2] / rate['in process'][1]:.2f} (small)"
-          f"  (target >= 0.8)")
+          f"  (target >= 0.8); against the in-process path run with the job's GC threshold: main-thread CPU "
+          f"{rate[one_small][2] / rate[TUNED][1]:.2f} (small)")
     print(f"{n} workers / 1 worker       : wall {rate[nw][0] / rate[one][0]:.2f} (big), "
           f"{rate[nw_small][0] / rate[one_small][0]:.2f} (small)  (target >= {0.85 * n:.2f}; wall only)")
     total = sum(costs.values())
     print(f"stage costs (CPU, {n_small:,} records, shard by shard; * = the writer thread with 1 worker):")
     for name, sec in costs.items():
         print(f"  {name:18s} {sec / n_small * 1e6:7.1f} us/record  {sec / total:5.1%}  [{WHERE[name]}]")
-    print(f"peak RSS (child process, 1 worker and {n} workers runs): {BASE:,} records {base['rss_mb']:,.0f} MB; "
+    print(f"peak RSS of the timed runs (child process; 1 and {n} workers): {BASE:,} records {base['rss_mb']:,.0f} MB; "
           f"{n_small:,} {small['rss_mb']:,.0f} MB ({small['rss_mb'] / base['rss_mb']:.2f}x); "
           f"{args.records:,} {big['rss_mb']:,.0f} MB ({big['rss_mb'] / base['rss_mb']:.2f}x); largest worker "
           f"{base['worker_rss_mb']:,.0f} / {small['worker_rss_mb']:,.0f} / {big['worker_rss_mb']:,.0f} MB")
+    if args.records > n_small:  # what still grows: the duplicate check's id -> first line map, one entry an id
+        grow = (big["rss_mb"] - small["rss_mb"]) * 2**20 / (args.records - n_small)
+        print(f"peak RSS growth from {n_small:,} to {args.records:,} records: {grow:,.0f} bytes a record")
     model(costs, n_small, base, big, args.records)
 
 
@@ -247,18 +296,22 @@ def model(costs: dict, n_small: int, base: dict, big: dict, records: int) -> Non
                   "parent": per["IPC shard read"] + per["duplicates"], "writer": per["parquet write"],
                   "scan": per["scan + sha256"]}
     one_shard = base["one_shard_s"]  # the first run's own work is not start-up:
-    fixed = {"start": base["load_s"] + max(base["warm_s"] - BASE * per_record["worker"], 0.0),
-             "per_worker": max(one_shard["2"] - one_shard["1"], 0.0) / 2, "tail": per["parquet write"] * 256}
+    fixed = {"start": base["load_s"] + max(base["warm_s"] - BASE * per_record["worker"], 0.0), "per_worker": base["fork_s"],
+             "pool": max(one_shard["2"] - one_shard["1"] - 2 * base["fork_s"], 0.0), "tail": per["parquet write"] * 256}
     print(f"scaling model inputs: per record worker {per_record['worker'] * 1e6:.1f} us, parent merge "
           f"{per_record['parent'] * 1e6:.1f} us, parquet writer {per_record['writer'] * 1e6:.1f} us, scan "
           f"{per_record['scan'] * 1e6:.1f} us; start-up {fixed['start']:.2f} s (tokenizer {base['load_s']:.2f} s + "
-          f"first-run costs), per worker {fixed['per_worker'] * 1e3:.0f} ms "
+          f"first-run costs), a pool {fixed['pool'] * 1e3:.0f} ms + {fixed['per_worker'] * 1e3:.1f} ms a worker (fork) "
           f"(one shard: 1 worker {one_shard['1'] * 1e3:.0f} ms, 2 workers {one_shard['2'] * 1e3:.0f} ms)")
+    ceiling = per_record["worker"] / per_record["writer"]
+    per_output = max(int(ceiling), 1)  # workers one output file keeps busy
     for n_rec in (records, 10_000_000):
         t1 = model_seconds(per_record, fixed, n_rec, 1, 2)
         cells = [f"{n} workers on {n} cores {t1 / model_seconds(per_record, fixed, n_rec, n, n):.1f}x" for n in (2, 16, 64)]
+        split = [f"{n} cores in {k} outputs {t1 / model_seconds(per_record, fixed, n_rec, n, n, k):.1f}x"
+                 for n, k in ((16, -(-16 // per_output)), (64, -(-64 // per_output)))]
         print(f"model at {n_rec:,} records (1 worker {t1:,.0f} s): " + ", ".join(cells)
-              + f"; ceiling (the parquet writer) {per_record['worker'] / per_record['writer']:.0f}x")
+              + f"; ceiling of one output (its parquet writer) {ceiling:.0f}x; split: " + ", ".join(split))
 
 
 def main() -> None:

@@ -292,7 +292,7 @@ def test_summary_page_shows_plain_values_states_constants_once_and_labels_simula
     charts = sorted(p.name for p in (tmp_path / "charts").glob("*.png"))
     assert "n_records.png" not in charts and "mismatch_rate.png" in charts  # ... and not charted
     assert "234,549" in page and "234549.45" not in page
-    assert "mismatch rate (95% interval)" in page and "<td>0.8 [0.6, 0.9]</td>" in page  # value with its interval
+    assert "mismatch rate (95% interval)" in page and "<td class='num'>0.8 [0.6, 0.9]</td>" in page  # value with its interval
     assert "mismatch_rate_ci" not in page.split("<h2>Comparison")[0]  # readable names, no raw columns
     # no table wider than the page: at most a handful of metric columns per table
     import re

@@ -165,11 +165,28 @@ def page(lab, tmp_path_factory):
             shutil.copy(lab["root"] / "jupyter.log", ARTIFACTS / "jupyter.log")
 
 
-def choose(page, selector: str, name: str) -> None:
-    """Pick the option of dropdown ``selector`` whose label starts with ``name`` (labels carry counts)."""
-    labels = page.locator(f"{selector} select option").all_inner_texts()
-    index = next(i for i, t in enumerate(labels) if t.replace("\xa0", " ").split(" ")[0] == name)
-    page.locator(f"{selector} select").select_option(index=index, timeout=10_000)
+def choose(page, selector: str, name: str, timeout: float = 90.0) -> None:
+    """Pick the option of dropdown ``selector`` whose label starts with ``name`` (labels carry counts).
+
+    The kernel rewrites a dropdown's options after another filter changes (counts, the subclasses present), so a
+    pick by index can land on a list that is about to change: wait until the options hold still for a second, pick,
+    and pick again until the kernel's list shows ``name`` selected."""
+    def first_word(text: str) -> str:
+        return text.replace("\xa0", " ").split(" ")[0]
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        labels = page.locator(f"{selector} select option").all_inner_texts()
+        time.sleep(1.0)
+        if labels != page.locator(f"{selector} select option").all_inner_texts():
+            continue  # the kernel is still rewriting the options
+        index = next(i for i, t in enumerate(labels) if first_word(t) == name)
+        page.locator(f"{selector} select").select_option(index=index, timeout=10_000)
+        time.sleep(1.0)
+        chosen = page.locator(f"{selector} select option:checked").all_inner_texts()
+        if chosen and first_word(chosen[0]) == name:
+            return
+    raise AssertionError(f"{selector}: could not select {name!r} within {timeout:.0f}s")
 
 
 def options(page, selector: str) -> list[str]:

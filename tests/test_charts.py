@@ -311,3 +311,115 @@ def test_one_verdict_colour_scheme_on_every_page():
     drawn = {to_hex(p.get_facecolor()) for p in fig.axes[0].patches}
     assert drawn == {toolkit.VERDICT_COLORS[v] for v in ("exact", "semantic", "bpe_split")}
     assert toolkit.verdict_color("explained:think_end_not_generated") == toolkit.VERDICT_COLORS["explained"]
+
+
+# ---- issue 24: count axes, overlapping titles and labels, the ablation's axes, the summary's n/a runs
+
+
+def _integer_ticks(axis) -> bool:
+    lo, hi = axis.get_view_interval()
+    return all(float(t).is_integer() for t in axis.get_ticklocs() if lo <= t <= hi)
+
+
+def _drawn(monkeypatch, module, call):
+    """The figure a chart function of ``module`` saves (it returns a path)."""
+    made = []
+    real = module.save
+    monkeypatch.setattr(module, "save", lambda fig, path: made.append(fig) or real(fig, path))
+    call()
+    monkeypatch.setattr(module, "save", real)
+    return made[0]
+
+
+def test_every_count_axis_has_whole_number_ticks(tmp_path, monkeypatch):
+    """Two hunks, one differing record: ticks 0, 1, 2 (never 0.25 steps) on every axis that counts something."""
+    from kimi_eagle.apps.reports import batch_summary, billing_report
+    from kimi_eagle.apps.reports import diff_report as report
+
+    records, hunks = diff_frames()
+    records, hunks = records[records.verdict != "semantic"].head(4), hunks.head(2)  # 1 bpe_split record, 2 hunks
+    checks = []
+    ax1, ax2 = rendered(report.chart_verdicts(records, hunks, "real"), tmp_path, "v.png").axes
+    checks += [ax1.xaxis, ax2.xaxis]
+    for fig in (report.chart_hunk_sizes(hunks, "real"), report.chart_token_delta(records, "real"),
+                report.chart_first_divergence(records, "real")):
+        ax = rendered(fig, tmp_path, "h.png").axes[0]
+        checks += [ax.yaxis]
+    table = pd.DataFrame([{"provider": "P", **{c: k for c, k in zip(billing_report.VERDICTS, (1, 0, 1, 0, 0))}}])
+    fig = _drawn(monkeypatch, billing_report,
+                 lambda: billing_report.chart_verdicts(table, "provider", tmp_path / "bv.png", "real"))
+    checks += [fig.axes[0].xaxis]
+    bill = pd.DataFrame({"billing_delta": [0, 1], "verdict": ["match", "unexplained"]})
+    fig = _drawn(monkeypatch, billing_report, lambda: billing_report.chart_delta_histogram(bill, tmp_path / "d.png", "real"))
+    checks += [fig.axes[0].yaxis]
+    df = summary_frame().assign(**{"metric.n_hunks": [2, 1, 0]})
+    checks += [rendered(batch_summary.stacked_chart(df, ["metric.verdict.exact", "metric.verdict.semantic"], "verdict"),
+                        tmp_path, "s.png").axes[0].xaxis,
+               rendered(batch_summary.bar_chart(df, "metric.n_hunks"), tmp_path, "b.png").axes[0].xaxis]
+    assert all(_integer_ticks(a) for a in checks), [list(a.get_ticklocs()) for a in checks if not _integer_ticks(a)]
+    assert all(len([t for t in a.get_ticklocs()]) >= 2 for a in checks)
+
+
+def _boxes(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def test_the_billing_gap_chart_titles_labels_and_legend_never_overlap(tmp_path, monkeypatch):
+    """Side-by-side panel titles do not collide (the tag is the suptitle), every bar label sits inside its frame,
+    and the legend is outside the bars."""
+    from kimi_eagle.apps.reports import billing_report as b
+
+    row = {"gap_pct": 7.973, "gap_pct_lo": 5.0, "gap_pct_hi": 10.5, "unexplained_gap_pct": 7.9, "unexplained_gap_pct_lo": 4.0,
+           "unexplained_gap_pct_hi": 10.0, "unexplained_rate": 29 / 43, "unexplained_lo": 0.52, "unexplained_hi": 0.8,
+           "billed_tokens": 2588, "unexplained": 29, "rated": 43}
+    table = pd.DataFrame([{"provider": "kimi-eagle-local", **row}, {"provider": "all", **row}])
+    fig = _drawn(monkeypatch, b, lambda: b.chart_gap(table, "provider", tmp_path / "gap.png", "toy"))
+    renderer = _boxes(fig)
+    ax1, ax2 = fig.axes
+    t1, t2 = ax1.title.get_window_extent(renderer), ax2.title.get_window_extent(renderer)
+    assert t1.x1 < t2.x0 and not t1.overlaps(fig._suptitle.get_window_extent(renderer))
+    assert "toy model" in fig._suptitle.get_text() and "billing-only" in fig._suptitle.get_text()
+    for ax in (ax1, ax2):
+        frame = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert frame.y0 <= box.y0 and box.y1 <= frame.y1, text.get_text()  # labels inside the frame
+    legend = ax1.get_legend().get_window_extent(renderer)
+    assert not any(legend.overlaps(p.get_window_extent(renderer)) for p in ax1.patches)
+
+
+def test_the_ablation_charts_use_a_linear_dose_axis_and_one_tau_scale():
+    from kimi_eagle.apps.reports.training_charts import plot_arms, plot_dose_response
+
+    table = [{"mode": m, "arm": f"recon + {r:g}", "tau": t, "lo": t - 0.05, "hi": t + 0.05, "ids": "recon", "storage": "bf16",
+              "inject_rate": r / 100} for m, shift in (("greedy", 0.0), ("t=1", 0.05))
+             for r, t in ((0, 1.17 + shift), (1, 1.16 + shift), (5, 1.14 + shift), (20, 1.10 + shift))]
+    ax = plot_dose_response(table).axes[0]
+    assert ax.get_xscale() == "linear" and list(ax.get_xticks()) == [0, 1, 5, 20]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "5", "20"]  # every dose labelled
+    a, b = plot_arms(table).axes
+    assert a.get_xlim() == b.get_xlim()
+
+
+def test_a_run_without_the_metric_says_na_and_status_uses_the_scheme(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from kimi_eagle.apps.reports import toolkit
+    from kimi_eagle.apps.reports.batch_summary import comparison_charts, stacked_chart
+
+    df = summary_frame().assign(**{"metric.n_hunks": [3, 5, None], "metric.status.ok": [10, 10, 8],
+                                   "metric.status.error": [0, 0, 2]})
+    paths = comparison_charts(df, tmp_path)
+    assert "n_hunks.png" in [p.name for p in paths]
+    from kimi_eagle.apps.reports.batch_summary import bar_chart
+
+    ax = bar_chart(df, "metric.n_hunks").axes[0]
+    assert len(ax.get_yticklabels()) == 3 and any("n/a" in t.get_text() for t in ax.texts)
+    ax = stacked_chart(df, ["metric.status.ok", "metric.status.error"], "status").axes[0]
+    drawn = {to_hex(p.get_facecolor()) for p in ax.patches if p.get_width()}
+    assert drawn == {toolkit.STATUS_COLORS["ok"], toolkit.STATUS_COLORS["error"]}
+    assert toolkit.STATUS_COLORS["ok"] == toolkit.VERDICT_COLORS["exact"]  # finished: the agreement green

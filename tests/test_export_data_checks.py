@@ -253,9 +253,13 @@ def test_jsonl_writer_with_empty_rows_and_ids_beyond_the_lookup_table(tmp_path):
 
     rows = [TrainingRow(0, "a", [], []), TrainingRow(1, "b", [2**40, 3], [0, 1]), TrainingRow(2, "c", [1], [1]),
             TrainingRow(3, "d", [], [])]
-    ed.write_training_jsonl(tmp_path / "new.jsonl", ExportRows.from_rows(rows))
-    write_jsonl(tmp_path / "ref.jsonl", ({"id": r.id, "input_ids": r.input_ids, "loss_mask": r.loss_mask} for r in rows))
-    assert (tmp_path / "new.jsonl").read_bytes() == (tmp_path / "ref.jsonl").read_bytes()
+    small = [TrainingRow(0, "a", [], []), TrainingRow(1, "b", [0, 3], [0, 1]), TrainingRow(2, "c", [2**18 - 1], [1]),
+             TrainingRow(3, "d", [], []), TrainingRow(4, "e", [5, 6, 7], [1, 0, 1])]  # the lookup path, empty rows too
+    for subset in (rows, small, small[1:2]):
+        ed.write_training_jsonl(tmp_path / "new.jsonl", ExportRows.from_rows(subset), chunk_rows=3)
+        write_jsonl(tmp_path / "ref.jsonl", ({"id": r.id, "input_ids": r.input_ids, "loss_mask": r.loss_mask}
+                                             for r in subset))
+        assert (tmp_path / "new.jsonl").read_bytes() == (tmp_path / "ref.jsonl").read_bytes()
 
 
 def test_speculators_fingerprint_is_a_content_hash_that_datasets_loads(bundled, tmp_path):

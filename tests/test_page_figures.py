@@ -75,24 +75,27 @@ def test_every_figure_on_report_html_is_recomputed_from_the_parquet(pages):
             assert [_num(row[f"{what}_{s}"]) for s in ("rate", "lo", "hi")] == pytest.approx([k / n, lo, hi], abs=6e-4)
     # billing reconciliation: sums over the billed ok records; explained by hunk class from hunks.parquet
     billed = ok[ok.billed_completion_tokens.notna()]
-    bill = _table_with(soup, "n_records_billed", "billed_completion_tokens")[0]
-    expect = {"n_records_billed": len(billed), "billed_completion_tokens": int(billed.billed_completion_tokens.sum()),
-              "reconstructed_completion_tokens": int(billed.n_recon_tokens.sum()),
-              "delta (billed − reconstructed)": int((billed.billed_completion_tokens - billed.n_recon_tokens).sum()),
+    bill = _table_with(soup, "records billed", "billed tokens")[0]
+    expect = {"records billed": len(billed), "billed tokens": int(billed.billed_completion_tokens.sum()),
+              "reconstructed tokens": int(billed.n_recon_tokens.sum()),
+              "gap (billed − reconstructed)": int((billed.billed_completion_tokens - billed.n_recon_tokens).sum()),
               "explained by hunks (engine − reconstructed)": int(billed.billing_explained.fillna(0).sum()),
-              "unexplained (billed − engine)": int(billed.billing_unexplained.sum()),
-              "n_records_unexplained": int((billed.billing_unexplained != 0).sum())}
+              "gap not explained by hunks (billed − engine)": int(billed.billing_unexplained.sum()),
+              "records with a gap not explained by hunks": int((billed.billing_unexplained != 0).sum())}
     assert {k: int(v) for k, v in bill.items()} == expect
     engine_minus_recon = int((billed.n_engine_tokens - billed.n_recon_tokens).sum())
     assert expect["explained by hunks (engine − reconstructed)"] == engine_minus_recon  # the sign the header states
+    billed_minus_engine = int((billed.billed_completion_tokens - billed.n_engine_tokens).sum())
+    assert expect["gap not explained by hunks (billed − engine)"] == billed_minus_engine  # the one rule, stated
+    assert "unexplained" not in text.lower()  # the billing page's word (not explained by a convention) is not used here
     in_billed = hunks[hunks.id.isin(set(billed.id))]
     by_class = (-in_billed.token_delta).groupby(in_billed.subclass.fillna(in_billed.kind)).sum()
     shown = next(t for t in _tables(soup) if t and set(t[0]) == set(by_class.index))[0]
     assert {k: int(v) for k, v in shown.items()} == {k: int(v) for k, v in by_class.items()}
     r = ok[ok.billed_reasoning_tokens.notna()]
-    reasoning = next(t for t in _tables(soup) if t and "billed_reasoning_tokens" in t[0])[0]
-    assert int(reasoning["billed_reasoning_tokens"]) == int(r.billed_reasoning_tokens.sum())
-    assert int(reasoning["delta (billed − reconstructed)"]) == int((r.billed_reasoning_tokens - r.recon_reasoning_tokens).sum())
+    reasoning = next(t for t in _tables(soup) if t and "billed reasoning tokens" in t[0])[0]
+    assert int(reasoning["billed reasoning tokens"]) == int(r.billed_reasoning_tokens.sum())
+    assert int(reasoning["gap (billed − reconstructed)"]) == int((r.billed_reasoning_tokens - r.recon_reasoning_tokens).sum())
     # the sign convention is stated once at the top and in the token-delta chart's axis (its source says so)
     assert text.count("reference − reconstructed") == 1
 
@@ -108,33 +111,43 @@ def test_every_figure_on_the_billing_report_is_recomputed_from_the_parquet(pages
     cls = records.verdict.map(_class).value_counts()
     n = len(records)
     count = {c: int(cls.get(c, 0)) for c in ("match", "explained", "unexplained", "no_billing", "error")}
-    assert (f"of {n:,} records, the provider's billed count equals the reconstruction for {count['match']:,}, differs by a "
-            f"known provider convention for {count['explained']:,}, and differs unexplained for {count['unexplained']:,}") in text
+    rated = count["match"] + count["explained"] + count["unexplained"]  # ok and billed: the one denominator
+    assert rated == int((records.status == "ok").sum() - count["no_billing"])
+    assert (f"of {rated:,} rated records (a reconstruction and a billed count; {n:,} records in all; {count['error']:,} error "
+            f"rows and {count['no_billing']:,} without a usable billed count not rated), the provider's billed count equals "
+            f"the reconstruction for {count['match']:,}, differs by a known provider convention for {count['explained']:,}, "
+            f"and is unexplained for {count['unexplained']:,} of {rated:,} ({count['unexplained'] / rated:.0%})") in text
     assert f"{n:,} records: " + ", ".join(f"{v:,} {k}" for k, v in count.items()) in text
     # the headline gap: billed − reconstructed over the billed records, in % of billed tokens
     billed = records[records.billed_completion_tokens.notna()]
     gap = 100 * (billed.billed_completion_tokens - billed.n_recon_tokens).sum() / billed.billed_completion_tokens.sum()
-    m = re.search(r"Gap:\s+([+\-−]?[\d.]+)%\s+of ([\d,]+) billed tokens", text)
+    m = re.search(r"Gap \(billed − reconstructed\):\s+([+\-−]?[\d.]+)%\s+of ([\d,]+) billed tokens", text)
     assert _num(m.group(1)) == pytest.approx(gap, abs=6e-4) and _num(m.group(2)) == billed.billed_completion_tokens.sum()
     # the verdict table: one column per verdict
     verdicts = records.verdict.value_counts()
     assert {k: int(v) for k, v in _table_with(soup, "match", "unexplained")[0].items()} == {k: int(v) for k, v in verdicts.items()}
-    # per provider and per dataset
+    # per provider and per dataset: a counts table and a rates table, each narrow enough to fit the page
+    gap_h, rate_h = "gap: billed − reconstructed, % of billed [95% CI]", "unexplained records of rated [Wilson 95% CI]"
     for by in ("provider", "dataset"):
-        shown = {r[by]: r for r in _table_with(soup, by, "gap_pct", "billed_tokens")}
-        for name, g in records.groupby(by):
-            row, gb = shown[name], g[g.billed_completion_tokens.notna()]
+        shown = {r[by]: r for r in _table_with(soup, by, "records", "billed tokens")}
+        rates = {r[by]: r for r in _table_with(soup, by, gap_h, rate_h)}
+        assert max(len(shown["all"]), len(rates["all"])) <= 10  # no table of 20 columns (issue 24: columns were hidden)
+        for name, g in [*records.groupby(by), ("all", records)]:
+            row, gb = shown[name], g[g.billed_completion_tokens.notna() & (g.status == "ok")]
             counts = g.verdict.map(_class).value_counts()
-            assert int(row["records"]) == len(g)
-            assert all(int(row[c]) == int(counts.get(c, 0)) for c in ("match", "explained", "unexplained", "no_billing", "error"))
-            assert int(row["billed_tokens"]) == int(gb.billed_completion_tokens.sum())
-            assert int(row["reconstructed_tokens"]) == int(gb.n_recon_tokens.sum())
+            assert int(row["records"]) == len(g) and int(row["rated"]) == len(gb)
+            assert all(int(row[c.replace("_", " ")]) == int(counts.get(c, 0)) for c in CLASSES)
+            assert int(row["billed tokens"]) == int(gb.billed_completion_tokens.sum())
+            assert int(row["reconstructed tokens"]) == int(gb.n_recon_tokens.sum())
             g_gap = 100 * (gb.billed_completion_tokens - gb.n_recon_tokens).sum() / gb.billed_completion_tokens.sum()
-            assert _num(row["gap_pct"]) == pytest.approx(g_gap, rel=1e-3, abs=1e-3)
+            assert _num(rates[name][gap_h].split()[0]) == pytest.approx(g_gap, rel=1e-3, abs=1e-3)
+            k = int(counts.get("unexplained", 0))
+            lo, hi = _wilson(k, len(gb))
+            assert rates[name][rate_h] == f"{k}/{len(gb)} ({100 * k / len(gb):.1f}%) [{100 * lo:.1f}%, {100 * hi:.1f}%]"
     # the worst unexplained records: their billed, reconstructed and delta columns
-    for row in _table_with(soup, "id", "billing_delta", "n_recon_tokens"):
+    for row in _table_with(soup, "id", "billed − reconstructed", "reconstructed tokens"):
         rec = records[records.id == row["id"]].iloc[0]
-        assert (int(row["billed_completion_tokens"]), int(row["n_recon_tokens"]), int(row["billing_delta"])) == \
+        assert (int(row["billed tokens"]), int(row["reconstructed tokens"]), int(row["billed − reconstructed"])) == \
                (int(rec.billed_completion_tokens), int(rec.n_recon_tokens), int(rec.billed_completion_tokens - rec.n_recon_tokens))
     assert text.count("reference − reconstructed") == 1
 
@@ -215,20 +228,33 @@ def test_every_figure_on_summary_html_is_recomputed_from_the_runs_json(batch_pag
     text = soup.get_text(" ")
     # the finding: per data kind, the range of the engine mismatch rate and of the billing unexplained rate
     assert f"{len(BATCH_RUNS)} of {len(BATCH_RUNS)} runs finished" in soup.find(class_="finding").get_text()
+    finding = soup.find(class_="finding").get_text(" ")
     for kind, say in (("simulated", "simulated data"), ("real", "real data"), ("toy", "the toy model")):
-        mm = [m["mismatch_rate"] for m in metrics.values() if m["data"] == kind and "mismatch_rate" in m]
-        un = [m["billing_unexplained_rate"] for m in metrics.values() if m["data"] == kind]
-        span = lambda v: f"{min(v):.0%}" if f"{min(v):.0%}" == f"{max(v):.0%}" else f"{min(v):.0%}–{max(v):.0%}"  # noqa: E731
-        finding = soup.find(class_="finding").get_text(" ")
-        assert f"{say}" in finding and f"differs from the engine in {span(mm)} of records ({len(mm)} run" in finding
-        assert f"unexplained for {span(un)} of records ({len(un)} run" in finding
+        mm = [m for m in metrics.values() if m["data"] == kind and "mismatch_rate" in m]
+        un = [m for m in metrics.values() if m["data"] == kind]
+        assert say in finding
+        if len(mm) == 1:  # one run: k of n, with the denominator named (the billing page's, for the billing rate)
+            n = mm[0]["status"]["ok"]
+            k = n - mm[0]["verdict"]["exact"]
+            assert f"differs from the engine in {k} of {n} compared records ({k / n:.0%}; 1 run)" in finding
+        if len(un) == 1:
+            c = [un[0][f"billing_{c}"] for c in CLASSES]
+            rated = c[0] + c[1] + c[2]
+            assert f"unexplained for {c[2]} of {rated} rated records ({c[2] / rated:.0%}; 1 run" in finding
+            assert un[0]["billing_unexplained_rate"] == pytest.approx(c[2] / rated)  # the same denominator as the metric
+            if c[4]:
+                assert f"{c[4]} error rows" in finding and "not rated" in finding
+        else:
+            v = [m["billing_unexplained_rate"] for m in un]
+            span = f"{min(v):.0%}" if f"{min(v):.0%}" == f"{max(v):.0%}" else f"{min(v):.0%}–{max(v):.0%}"
+            assert f"unexplained for {span} of rated records ({len(un)} runs)" in finding
     # the runs table: the real record count of every run (never a requested sample size), its duration and data kind
     head, rows = _rows(next(t for t in soup.find_all("table") if "records (n)" in t.get_text()))
     assert [r["run"] for r in rows] == ["sim-glaive", "real-stories-engine", "real-stories-billing-only",
                                         "real-tiny-kimi-engine"]  # simulated, real, then the toy model apart
     for r in rows:
         assert int(r["records (n)"].replace(",", "")) == metrics[r["run"]]["n_records"]
-        assert float(r["duration s"]) == pytest.approx(states[r["run"]]["duration_s"], abs=0.05)
+        assert float(r["duration (s)"]) == pytest.approx(states[r["run"]]["duration_s"], abs=0.05)
         assert r["data"] == metrics[r["run"]]["data"]
     assert "1,000" not in text
     # the toy model: its own header row in every table and its note
@@ -245,7 +271,7 @@ def test_every_figure_on_summary_html_is_recomputed_from_the_runs_json(batch_pag
         for r in rows:
             flat = _flat(metrics[r["run"]])
             for h in head[1:]:
-                name = h.replace(" (95% interval)", "")
+                name = h.replace(" (95% interval)", "").replace(" (billed − reconstructed)", "")  # the stated sign
                 key = next((k for k in flat if _say(k) in (name, f"{group} › {name}")), None)
                 if key is None:  # a metric this run does not have (a billing-only run has no engine metrics)
                     assert r[h] == "", (r["run"], h)
@@ -258,6 +284,9 @@ def test_every_figure_on_summary_html_is_recomputed_from_the_runs_json(batch_pag
                 assert shown == pytest.approx(want, rel=1e-3, abs=1e-4), (r["run"], h)
                 checked += 1
     assert checked >= 40
+    from kimi_eagle.apps.reports.batch_summary import readable
+
+    assert readable("metric.billing_gap_pct") == "billing gap pct (billed − reconstructed)"  # a difference states its sign
     # the billing-only run is in the stacked charts (billing verdicts drawn for every run; engine verdicts say n/a)
     assert (batch_page / "charts" / "billing_verdict.png").is_file() and (batch_page / "charts" / "verdict.png").is_file()
 
@@ -324,6 +353,14 @@ def _frames(soup):
     return out
 
 
+MEDIAN = "median first difference (token position, of the divergent prompts)"
+AUDIT_PAIRS = {"identical prompts (k)": "k", "compared prompts (n)": "n", "identical share (k/n)": "rate",
+               "requests not compared": "not_compared", MEDIAN: "median_first_divergence",
+               "mean |length difference| (tokens)": "mean_abs_length_diff", "prompts whose lengths differ": "length_diff_nonzero"}
+AUDIT_RANKING = {"divergent prompts (k)": "k", "compared prompts (n)": "n", "divergent share (k/n)": "rate",
+                 MEDIAN: "median_first_divergence"}  # each table's header says what its k counts
+
+
 def test_every_figure_on_the_audit_page_is_recomputed_from_the_comparisons(audit_page):
     from kimi_eagle.apps.audit.compare import REFERENCE
 
@@ -351,7 +388,7 @@ def test_every_figure_on_the_audit_page_is_recomputed_from_the_comparisons(audit
                 want = f"{int(cell.identical.sum())}/{len(cell)}"
             assert row[b] == want, (a, b)
     # the pairs table: counts, rates, not-compared requests, median first divergence and length differences
-    shown = next(f for f in _frames(soup) if "not_compared" in f.columns)
+    shown = next(f for f in _frames(soup) if "requests not compared" in f.columns).rename(columns=AUDIT_PAIRS)
     assert len(shown) == len(pairs[pairs.kind != "repeat"].groupby(["a", "b"]))
     for _, row in shown.iterrows():
         rows = pairs[(pairs.kind != "repeat") & (pairs.a == row.a) & (pairs.b == row.b)]
@@ -364,7 +401,7 @@ def test_every_figure_on_the_audit_page_is_recomputed_from_the_comparisons(audit
         assert float(row.mean_abs_length_diff) == pytest.approx(good.length_diff.abs().mean(), abs=6e-4)
         assert int(row.length_diff_nonzero) == int((good.length_diff != 0).sum())
     # the ranking against the reference, and the finding that says it in words
-    ranking = next(f for f in _frames(soup) if "provider" in f.columns and "against" in f.columns)
+    ranking = next(f for f in _frames(soup) if "provider" in f.columns and "against" in f.columns).rename(columns=AUDIT_RANKING)
     assert sorted(ranking.provider) == sorted(providers)
     finding = soup.find(class_="finding").get_text(" ")
     for _, row in ranking.iterrows():
@@ -372,9 +409,86 @@ def test_every_figure_on_the_audit_page_is_recomputed_from_the_comparisons(audit
         diverged = vs[~vs.identical]
         assert (int(row.k), int(row.n)) == (len(diverged), len(vs))
         assert float(row.rate) == pytest.approx(len(diverged) / len(vs), abs=6e-4)
-        assert f"{row.provider} returns a different completion than {REFERENCE} for {len(diverged)} of {len(vs)} prompts" in finding
+        said = f"{row.provider} returns a different completion than {REFERENCE} for {len(diverged)} of {len(vs)} prompts"
+        assert said in finding
         if len(diverged):
-            assert float(row.median_first_divergence) == pytest.approx(diverged.first_divergence.median())
+            median = diverged.first_divergence.median()
+            assert float(row.median_first_divergence) == pytest.approx(median)
+            assert f"{said}, median first difference at token {median:g} (of {len(diverged)} divergent prompts)" in finding
     rates = [len(ok[(ok.kind == "reference") & (ok.b == p) & ~ok.identical]) / len(ok[(ok.kind == "reference") & (ok.b == p)])
              for p in ranking.provider]
     assert rates == sorted(rates, reverse=True)  # most divergent first
+
+
+# ---- issue 24: every table fits, no word broken inside, text left and numbers right
+
+
+def test_the_stylesheet_wraps_at_spaces_and_marked_points_never_inside_a_word():
+    from kimi_eagle.apps.reports.toolkit import STYLESHEET, breakable, html_table
+
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", STYLESHEET.replace("\n", "")))
+    cells = next(v for k, v in rules.items() if "table.t td" in k and "body.batch th" in k)
+    assert "word-break:normal" in cells and "hyphens:none" in cells and "text-align:left" in cells
+    assert "anywhere" not in STYLESHEET and "break-all" not in STYLESHEET and "keep-all" not in STYLESHEET
+    assert "overflow-x" not in STYLESHEET and "display:block" not in STYLESHEET  # tables wrap, never scroll
+    assert "text-align:right" in next(v for k, v in rules.items() if "td.num" in k)
+    assert "white-space:normal" in next(v for k, v in rules.items() if k.startswith("table.t th"))
+    assert breakable("tool_args_json_equal") == "tool_<wbr>args_<wbr>json_<wbr>equal"
+    assert breakable("models/stories260K/hf") == "models/<wbr>stories260K/<wbr>hf"
+    page = html_table(pd.DataFrame({"unexplained_gap_pct": [1.5], "reason": ["tool_args_json_equal and more"],
+                                    "provider": ["kimi-eagle-local"]}))
+    assert "<th>unexplained_<wbr>gap_<wbr>pct</th>" in page and "<td class='num'>1.500</td>" in page
+    assert "<td class='tok'>kimi-eagle-local</td>" in page  # a short name is kept whole
+
+
+MEASURE = r"""() => {
+  const meas = document.createElement('span'); meas.style.cssText = 'position:absolute;visibility:hidden;white-space:nowrap';
+  document.body.appendChild(meas);
+  const out = {wide: [], broken: [], body: document.body.clientWidth};
+  document.querySelectorAll('table').forEach((t, i) => {
+    if (t.scrollWidth > t.clientWidth + 1 || t.getBoundingClientRect().width > out.body + 1) out.wide.push([i, t.scrollWidth]);
+    t.querySelectorAll('td,th').forEach(c => {
+      const cs = getComputedStyle(c); meas.style.font = cs.font;
+      const room = c.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      if (c.classList.contains('num')) { if (c.scrollWidth > c.clientWidth + 1) out.broken.push([i, c.textContent]); return; }
+      for (const piece of c.textContent.split(/\s+|(?<=[_\/:#=,.|\-])/)) {
+        meas.textContent = piece; if (piece && meas.getBoundingClientRect().width > room + 0.5) out.broken.push([i, piece]);
+      }
+    });
+  });
+  return out; }"""
+
+
+def test_every_table_fits_the_page_and_no_word_breaks_inside_in_a_real_browser(pages, batch_page, audit_page):
+    """Rendered in chromium at 1,400 px: no table wider than the page or scrolling (no column hidden), and no cell
+    whose words (split at spaces and the marked break points) are wider than the cell: nothing broken mid-word."""
+    from pathlib import Path
+
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("/usr/bin/chromium not installed")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
+        try:
+            view = browser.new_page(viewport={"width": 1400, "height": 900})
+            for page in (pages / "report" / "report.html", pages / "billing" / "report.html",
+                         batch_page / "summary.html", audit_page[0] / "report.html"):
+                view.goto(page.resolve().as_uri())
+                seen = view.evaluate(MEASURE)
+                assert seen["wide"] == [] and seen["broken"] == [], (page, seen)
+        finally:
+            browser.close()
+
+
+def test_a_page_without_conventions_says_so_in_a_sentence_not_a_none_table(tmp_path, kimi):
+    from helpers import api, row
+
+    from kimi_eagle.apps.reports.billing_report import write_billing
+
+    write_billing(kimi, [row(kimi, api("a")), row(kimi, api("b"))], tmp_path / "b")
+    soup = _soup(tmp_path / "b" / "report.html")
+    assert "(none)" not in soup.get_text() and "No record's gap is explained by a known provider convention" in soup.get_text()
+    for t in soup.find_all("table"):  # text left, numbers right: every number cell is marked num
+        for td in t.find_all("td"):
+            text = td.get_text().replace(",", "")
+            assert ("num" in (td.get("class") or [])) == bool(re.fullmatch(r"[+\-−]?[\d.]+|–", text)), td

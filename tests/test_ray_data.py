@@ -2,25 +2,22 @@
 on the same file, error rows included; ``read_json`` is shown refusing that file (why the kit reads raw lines).
 
 The JSONL is read as whole files (``read_binary_files``) and cut into numbered raw lines by the kit's own
-splitter (:func:`kimi_eagle.io.iter_raw_lines`), so line numbers and undecodable bytes reach the batch
+splitter (:func:`kimi_eagle.reconstruct.batch.file_lines`), so line numbers and undecodable bytes reach the batch
 function as the CLI sees them. Skipped when Ray is not installed (``pip install -e '.[scale]'``)."""
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import sys
 import tempfile
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from kimi_eagle.apps.cli import main
 from kimi_eagle.assets import kimi_dir
-from kimi_eagle.io import iter_raw_lines
-from kimi_eagle.reconstruct.batch import BatchOptions, reconstruct_batch
+from kimi_eagle.reconstruct.batch import BatchOptions, file_lines, reconstruct_batch
 from kimi_eagle.reconstruct.convert import convert_file
 from kimi_eagle.reconstruct.job import mark_duplicates
 
@@ -71,17 +68,6 @@ def local_ray():
         finally:
             ray.shutdown()
             shutil.rmtree(temp, ignore_errors=True)
-
-
-def file_lines(files: pa.Table) -> pa.Table:
-    """Whole files (``read_binary_files``' ``bytes`` column) -> one row per physical line: ``text`` (raw bytes)
-    and ``line`` (from 1), split as ``kimi-eagle reconstruct`` splits them."""
-    texts, numbers = [], []
-    for data in files.column("bytes").to_pylist():
-        for lineno, (_, raw) in enumerate(iter_raw_lines(io.BytesIO(data)), 1):
-            texts.append(raw)
-            numbers.append(lineno)
-    return pa.table({"text": pa.array(texts, pa.binary()), "line": pa.array(numbers, pa.int64())})
 
 
 def test_ray_map_batches_gives_the_cli_rows(local_ray, records, cli_rows, tmp_path):

@@ -161,7 +161,8 @@ def test_a_toy_model_run_says_so_on_the_page_and_on_every_chart(report, tmp_path
     written = toolkit.write_figure
 
     def record(fig, path, **kw):
-        titles[str(path)] = " ".join(ax.get_title().replace("\n", " ") for ax in fig.axes if ax.get_title())
+        suptitle = [fig._suptitle.get_text()] if fig._suptitle else []  # a figure of panels: the tag said once, on top
+        titles[str(path)] = " ".join(t.replace("\n", " ") for t in suptitle + [ax.get_title() for ax in fig.axes] if t)
         return written(fig, path, **kw)
 
     monkeypatch.setattr(toolkit, "write_figure", record)

@@ -18,13 +18,14 @@ is the same step over ``(line number, raw bytes)`` pairs; the file job's workers
 """
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import Any
 
 from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format, get_format
-from kimi_eagle.io import UTF8_BOM
+from kimi_eagle.io import UTF8_BOM, iter_raw_lines
 from kimi_eagle.reconstruct.job import lines_table
 from kimi_eagle.reconstruct.record import ReconstructOptions
 from kimi_eagle.tokenize.tokenizer import Tokenizer, load_tokenizer
@@ -74,3 +75,18 @@ def reconstruct_batch(batch: Any, options: BatchOptions) -> Any:
     """Reconstruct a ``RecordBatch``/``Table`` of raw JSONL lines (see the module) into a reconstruction table."""
     tok, fmt, encoder = loaded(options)
     return lines_table(batch_lines(batch), tok, fmt, options.completion, encoder)
+
+
+def file_lines(files: Any) -> Any:
+    """Whole files (a ``bytes`` column, as ``ray.data.read_binary_files`` gives them) -> a ``pyarrow.Table`` of one
+    row per physical line: ``text`` (raw bytes) and ``line`` (from 1 in every file), split exactly as
+    ``kimi-eagle reconstruct`` splits a file, so line numbers and undecodable bytes reach :func:`reconstruct_batch`
+    as the CLI sees them."""
+    import pyarrow as pa
+
+    texts, numbers = [], []
+    for data in files.column("bytes").to_pylist():
+        for lineno, (_, raw) in enumerate(iter_raw_lines(io.BytesIO(data)), 1):
+            texts.append(raw)
+            numbers.append(lineno)
+    return pa.table({"text": pa.array(texts, pa.binary()), "line": pa.array(numbers, pa.int64())})

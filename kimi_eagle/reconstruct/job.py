@@ -1,14 +1,15 @@
 """``kimi-eagle reconstruct``: API records (JSONL) -> token IDs, one parquet row per input record.
 
-``reconstruct_file`` runs :func:`~kimi_eagle.reconstruct.record.reconstruct_line` over a JSONL file
-with worker processes. Records are cut into shards of ``shard_size`` records; each shard is written
-atomically to ``OUT.parts/``; ``resume`` skips finished shards; the final parquet is written
-atomically and holds exactly one row per input record (``status`` ``ok`` or ``error`` with the
-reason), in input order. ``read_rows`` reads it back.
+``reconstruct_file`` runs :func:`~kimi_eagle.reconstruct.record.reconstruct_line` over a JSONL file,
+in this process (1 worker) or in forked worker processes. Records are cut into shards of ``shard_size``
+records; each shard is written atomically to ``OUT.parts/``; ``resume`` skips finished shards; the final
+parquet is written atomically and holds exactly one row per input record (``status`` ``ok`` or ``error``
+with the reason), in input order. ``read_rows`` reads it back.
 
 Arguments are checked before any work (positive sizes, an output path that is not a folder, a
 loadable tokenizer, a UTF-8 input); one run at a time per output (``.OUT.lock``, released by the OS
-however the run ends); the resume manifest holds the SHA-256 of the whole input, streamed.
+however the run ends); the resume manifest holds the SHA-256 of the whole input, streamed by a scan
+thread while the first shards are reconstructed (docs/scale.md: the file job's costs and its model).
 """
 from __future__ import annotations
 
@@ -241,7 +242,6 @@ class _Scan:
 
         self.path, self.shard_size = path, shard_size
         self.starts: list[tuple[int, int]] = []
-        self.size = path.stat().st_size
         self.n = 0
         self.sha: str | None = None
         self.failed: list[BaseException] = []
@@ -253,13 +253,15 @@ class _Scan:
         try:
             with open(self.path, "rb") as f:
                 reader = _HashingReader(f)
-                for offset, lineno in record_starts(reader):
-                    if n % self.shard_size == 0:
-                        with self.cond:
-                            self.starts.append((offset, lineno))
-                            self.cond.notify_all()
-                    n += 1
-                sha = reader.hexdigest()
+                try:
+                    for offset, lineno in record_starts(reader):
+                        if n % self.shard_size == 0:
+                            with self.cond:
+                                self.starts.append((offset, lineno))
+                                self.cond.notify_all()
+                        n += 1
+                finally:
+                    sha = reader.hexdigest()  # also ends the hash thread when the read failed
             with self.cond:
                 self.n, self.sha = n, sha
         except BaseException as e:  # re-raised by the caller's wait
@@ -272,16 +274,16 @@ class _Scan:
         """Whether the scan has ended (with its result or an error)."""
         return self.sha is not None or bool(self.failed)
 
-    def shard(self, k: int) -> tuple[int, int, int] | None:
-        """``(offset, line number, end offset)`` of shard ``k`` once known (the end is the next shard's start or
-        the end of the file); None when the input has fewer shards."""
+    def shard(self, k: int) -> tuple[int, int, int | None] | None:
+        """``(offset, line number, end offset)`` of shard ``k`` once known (the end is the next shard's start;
+        None for the last shard, read up to its ``shard_size`` records); None when the input has fewer shards."""
         with self.cond:
             self.cond.wait_for(lambda: len(self.starts) > k + 1 or self.finished())
             if self.failed:
                 raise self.failed[0]
             if k >= len(self.starts):
                 return None
-            return (*self.starts[k], self.starts[k + 1][0] if k + 1 < len(self.starts) else self.size)
+            return (*self.starts[k], self.starts[k + 1][0] if k + 1 < len(self.starts) else None)
 
     def result(self) -> tuple[int, list[tuple[int, int]], str]:
         """``(n_records, [(byte offset, line number)] of the shards, sha256)``, once the scan has ended."""
@@ -566,8 +568,24 @@ def reconstruct_file(in_path: str | os.PathLike, out_path: str | os.PathLike, to
     in_path, out_path = Path(in_path), Path(out_path)
     check_arguments(in_path, out_path, format_name, job.workers, job.shard_size)
     tok = tokenizer or load_tokenizer(tokenizer_dir)
-    with output_lock(out_path):
+    with output_lock(out_path), fewer_collections():
         return _reconstruct_locked(in_path, out_path, tokenizer_dir, format_name, job, tok)
+
+
+@contextlib.contextmanager
+def fewer_collections(gen0: int = 20_000) -> Iterator[None]:
+    """The cyclic garbage collector's first threshold raised to ``gen0`` allocations while a run lasts (restored
+    after; forked workers inherit it). A run makes and drops thousands of containers a shard (parsed records,
+    rows), none in reference cycles, which reference counting frees; at the default threshold (700) the
+    collections cost the job about a tenth of its CPU (docs/scale.md)."""
+    import gc
+
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], gen0), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.PathLike, format_name: str,

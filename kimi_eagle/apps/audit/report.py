@@ -155,17 +155,30 @@ def _matrix_html(summary: dict[str, Any], image: Image) -> list[str]:
             html_table(matrix_table(summary)), image("agreement_matrix", "agreement matrix")]
 
 
+MEDIAN_HEADER = "median first difference (token position, of the divergent prompts)"
+PAIR_HEADERS = {"a": "a", "b": "b", "kind": "kind", "k": "identical prompts (k)", "n": "compared prompts (n)",
+                "rate": "identical share (k/n)", "not_compared": "requests not compared",
+                "median_first_divergence": MEDIAN_HEADER, "mean_abs_length_diff": "mean |length difference| (tokens)",
+                "length_diff_nonzero": "prompts whose lengths differ"}
+RANKING_HEADERS = {"provider": "provider", "against": "against", "k": "divergent prompts (k)", "n": "compared prompts (n)",
+                   "rate": "divergent share (k/n)", "median_first_divergence": MEDIAN_HEADER}
+
+
 def _pairs_html(summary: dict[str, Any], image: Image) -> list[str]:
-    keep = ("a", "b", "kind", "k", "n", "rate", "not_compared", "median_first_divergence", "mean_abs_length_diff",
-            "length_diff_nonzero")
-    rows = pd.DataFrame([{k: p.get(k) for k in keep} for p in summary["pairs"].values()], columns=list(keep))
-    return ["<h2>Where completions part</h2>", html_table(rows), image("first_divergence_cdf", "first divergence")]
+    rows = pd.DataFrame([{h: p.get(k) for k, h in PAIR_HEADERS.items()} for p in summary["pairs"].values()],
+                        columns=list(PAIR_HEADERS.values()))
+    return ["<h2>Where completions part</h2>",
+            "<p>Per pair of providers: <i>k</i> counts the prompts whose completions are <b>identical</b>; the first "
+            "difference is over the prompts that diverge.</p>", html_table(rows),
+            image("first_divergence_cdf", "first divergence")]
 
 
 def _consistency_html(summary: dict[str, Any], image: Image) -> list[str]:
     ranking = pd.DataFrame(summary["divergence_ranking"])
+    ranking = ranking[[k for k in RANKING_HEADERS if k in ranking]].rename(columns=RANKING_HEADERS)
     return ["<h2>Self-consistency and divergence ranking</h2>", image("self_consistency", "self-consistency"),
-            html_table(ranking.drop(columns=["ci95"], errors="ignore"))]
+            "<p>Divergence ranking, most divergent first: here <i>k</i> counts the prompts whose completion "
+            "<b>differs</b> from the reference.</p>", html_table(ranking)]
 
 
 def audit_finding(summary: dict[str, Any]) -> str:
@@ -175,8 +188,8 @@ def audit_finding(summary: dict[str, Any]) -> str:
         return f"no provider completions could be compared ({summary.get('requests', 0):,} requests)."
     said = []
     for r in ranking:
-        where = (f", first difference at token {r['median_first_divergence']:g} (median)"
-                 if r.get("median_first_divergence") is not None else "")
+        where = (f", median first difference at token {r['median_first_divergence']:g} (of {r['k']:,} divergent "
+                 f"prompts)" if r.get("median_first_divergence") is not None else "")
         said.append(f"{r['provider']} returns a different completion than {r['against']} for {r['k']:,} of {r['n']:,} "
                     f"prompts{where}")
     return "; ".join(said) + "."

@@ -114,23 +114,34 @@ def _list_array(rows: ExportRows, values: Any, value_type: Any = None) -> Any:
 
 @functools.lru_cache(maxsize=2)
 def _id_texts(n: int) -> Any:
-    """``str(i)`` for ``i`` in ``range(n)`` as an Arrow string array (built once per process and size)."""
+    """``f"{i}, "`` for ``i`` in ``range(n)``, then ``f"{i}"`` (a row's last ID) for the same ``i``, as one Arrow
+    string array (built once per process and size)."""
     import pyarrow as pa
 
-    return pa.array([str(i) for i in range(n)], pa.string())
+    return pa.array([f"{i}, " for i in range(n)] + [str(i) for i in range(n)], pa.string())
 
 
 def _joined_ids(rows: ExportRows) -> Any:
-    """Each row's IDs as JSON list text (``json.dumps``'s ``1, 2, 3``), one string per row, in Arrow."""
+    """Each row's IDs as JSON list text (``json.dumps``'s ``1, 2, 3``), one string per row, in Arrow.
+
+    IDs that are vocabulary indices are looked up in :func:`_id_texts` with one ``take`` (a row's last ID without
+    its ``", "``): the taken values, one after another, are the rows' texts, so the rows are views of that one
+    buffer at the row offsets; other IDs are cast and joined."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    ids = rows.input_ids
+    ids, lengths = rows.input_ids, np.diff(rows.offsets)
     top = int(ids.max()) + 1 if len(ids) else 0
-    if len(ids) and 0 <= int(ids.min()) and top <= 1 << 21:  # IDs are vocabulary indices: look their text up
-        text = _id_texts(max(top, 1 << 18) if top <= 1 << 18 else 1 << 21).take(pa.array(ids))
-    else:
-        text = pa.array(ids).cast(pa.string())
+    if len(ids) and 0 <= int(ids.min()) and top <= 1 << 21 and len(ids) * 9 < 2**31:  # <= 9 bytes an ID
+        n = max(top, 1 << 18) if top <= 1 << 18 else 1 << 21
+        index = ids.astype(np.int32)
+        index[rows.offsets[1:][lengths > 0] - 1] += n  # each row's last ID: its text without the separator
+        taken = pc.take(_id_texts(n), pa.array(index), boundscheck=False)  # bounds checked above: 0 <= ids < top
+        ends = np.frombuffer(taken.buffers()[1], dtype=np.int32)[taken.offset:taken.offset + len(ids) + 1]
+        return pa.StringArray.from_buffers(len(rows), pa.py_buffer(np.ascontiguousarray(ends[rows.offsets])),
+                                           taken.buffers()[2])
+    text = pa.array(ids).cast(pa.string())
     if rows.offsets[-1] >= 2**31:
         return pc.binary_join(pa.LargeListArray.from_arrays(pa.array(rows.offsets, pa.int64()), text), ", ")
     return pc.binary_join(pa.ListArray.from_arrays(pa.array(rows.offsets, pa.int32()), text), ", ")
@@ -230,8 +241,8 @@ def write_row_ids(path: Path, rows: ExportRows) -> Path:
 
 def token_freq(vocab: dv.DraftVocab) -> dict[int, int]:
     """speculators' ``token_freq.pt`` content: ``{token_id: supervised count}`` for every seen token."""
-    seen = torch.nonzero(vocab.counts).flatten().tolist()
-    return {int(t): int(vocab.counts[t]) for t in seen}
+    seen = torch.nonzero(vocab.counts).flatten()
+    return dict(zip(seen.tolist(), vocab.counts[seen].tolist()))
 
 
 def write_specforge_vocab(out: Path, vocab: dv.DraftVocab) -> Path:

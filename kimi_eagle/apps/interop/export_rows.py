@@ -434,8 +434,9 @@ def _source_lengths(batch: Any) -> np.ndarray:
 def check_rows_batch(batch: Any, rules: RowRules, index0: int = 0) -> Any:
     """export-data's row checks on a ``RecordBatch``/``Table`` of records (reconstructed rows, engine records or
     ``{input_ids, loss_mask}`` rows): one row per record, :func:`check_schema` — ``index`` (``index0`` + the
-    position), ``id``, ``status`` (``ok`` or ``dropped``), ``reason`` and ``detail`` (a drop's, as in
-    ``manifest.json``), ``truncated``, and the training row's ``input_ids`` / ``loss_mask`` (null when dropped).
+    position), ``id`` (a kept row's as written; a drop's as ``manifest.json`` lists it, null without one),
+    ``status`` (``ok`` or ``dropped``), ``reason`` and ``detail`` (a drop's), ``truncated``, and the training
+    row's ``input_ids`` / ``loss_mask`` (null when dropped).
     The same rows and reasons ``kimi-eagle export-data`` gives the records at those source indices."""
     import pyarrow as pa
 

@@ -24,10 +24,14 @@ from matplotlib.ticker import MaxNLocator
 
 from kimi_eagle.apps.reports.toolkit import (
     DATA_TAGS,
+    SHORT_TOKEN,
+    STATUS_COLORS,
     TOY_NOTE,
+    breakable,
     figure,
     finding,
     html_page,
+    integer_axis,
     linked_figures,
     save,
     verdict_color,
@@ -41,6 +45,7 @@ STATUS_ORDER = {"ok": 0, "failed": 1, "missing": 2}
 DATA_ORDER = {"simulated": 0, "real": 1, "toy": 3}  # display order: a toy model's runs last, apart from the rest
 TOY = "toy"
 TOY_COLOR = "#ad1457"
+SIGN_GAP = "billed − reconstructed"  # the pages' one sign convention: reference − reconstructed
 # billing verdict counts (``metric.billing_<class>``) drawn as one stacked bar per run, like ``verdict``
 STACKED_SINGLES = {"billing verdict": ("billing_match", "billing_explained", "billing_unexplained", "billing_no_billing",
                                        "billing_error")}
@@ -107,8 +112,8 @@ def comparison_charts(df: pd.DataFrame, out: Path) -> list[Path]:
         have = values.notna()
         name = col[len("metric."):]
         path = out / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.png"
-        if col in numeric and _nonzero(values):
-            save(bar_chart(df[have], col, _interval_columns(df, col)), path, tight=False)
+        if col in numeric and _nonzero(values):  # every finished run, even one without it ("n/a")
+            save(bar_chart(df[have | (df.status == "ok")], col, _interval_columns(df, col)), path, tight=False)
         elif have.any() and all(_is_number_list(v) for v in values[have]):
             save(line_chart(df[have], col), path, tight=False)
         else:
@@ -162,7 +167,11 @@ def readable(name: str) -> str:
     for suffix, say in ((r"_ci\.0$", " (CI low)"), (r"_ci\.1$", " (CI high)"), (r"_(lo|low|ci_low|ci_lo)$", " (CI low)"),
                         (r"_(hi|high|ci_high|ci_hi)$", " (CI high)")):
         name = re.sub(suffix, say, name)
-    return name.replace(".", " › ").replace("_", " ")
+    said = name.replace(".", " › ").replace("_", " ")
+    return said + SIGNED.get(name, "")
+
+
+SIGNED = {"billing_gap_pct": f" ({SIGN_GAP})", "token_delta": " (engine − reconstructed)"}  # a difference says its sign
 
 
 def constant_metrics(df: pd.DataFrame) -> dict[str, Any]:
@@ -203,8 +212,9 @@ def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:
     left = [0.0] * len(labels)
     for col in cols:
         values = [float(_native(v)) if _is_number(v) else 0.0 for v in df[col]]
-        bars = ax.barh(labels, values, left=left, label=readable(col.rsplit(".", 1)[1]),
-                       color=verdict_color(col.rsplit(".", 1)[1].removeprefix("billing_")))  # the reports' colours
+        key = col.rsplit(".", 1)[1]
+        color = STATUS_COLORS.get(key) if name == "status" else verdict_color(key.removeprefix("billing_"))
+        bars = ax.barh(labels, values, left=left, label=readable(key), color=color)  # the reports' colours
         ax.bar_label(bars, labels=[_fmt(v) if v else "" for v in values], fontsize=8, label_type="center")
         left = [a + b for a, b in zip(left, values)]
     for i, absent in enumerate(df[cols].isna().all(axis=1)):
@@ -213,6 +223,7 @@ def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:
     _mark_toy(ax, df)
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    integer_axis(ax, "x")
     ax.set(xlabel=f"{readable(name)} (stacked counts)", ylabel="run")
     chart_title(ax, f"{readable(name)} per run", wrap_to="figure")
     fig.tight_layout()
@@ -223,7 +234,8 @@ def bar_chart(df: pd.DataFrame, col: str, interval: tuple[str, str] | None = Non
     """One horizontal bar per run (error bars from ``interval``'s two columns). Shares and rates — every value
     and bound within [0, 1] — get a 0–1 axis; other metrics start at zero (or end there when negative)."""
     labels = run_labels(df)
-    values = [float(_native(v)) for v in df[col]]
+    missing = [not _is_number(v) for v in df[col]]
+    values = [0.0 if m else float(_native(v)) for v, m in zip(df[col], missing)]
     fig, ax = _run_figure(len(labels))
     err = None
     lo = hi = values
@@ -234,7 +246,10 @@ def bar_chart(df: pd.DataFrame, col: str, interval: tuple[str, str] | None = Non
     toy = _is_toy(df)
     bars = ax.barh(labels, values, xerr=err, color=[TOY_COLOR if t else "#1976d2" for t in toy], capsize=4,
                    error_kw={"ecolor": "#333"}, label=readable(col) + (" (95% interval)" if interval else ""))
-    ax.bar_label(bars, labels=[_fmt(v) for v in values], fontsize=8, padding=4)
+    ax.bar_label(bars, labels=["n/a (not measured in this run)" if m else _fmt(v) for v, m in zip(values, missing)],
+                 fontsize=8, padding=4, color="#333")
+    if all(v == int(v) for v in values):  # counts (records, hunks): whole-number ticks
+        integer_axis(ax, "x")
     if any(toy):
         from matplotlib.patches import Patch
 
@@ -293,20 +308,51 @@ def _range(values: list[float]) -> str:
     return f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%}–{hi:.0%}"
 
 
+RATES_SAID = (  # the finding's two rates: (rate column, what it says, numerator keys, denominator keys, not counted)
+    ("metric.mismatch_rate", "the reconstruction differs from the engine in", "compared records",
+     lambda m: (m("status.ok") - m("verdict.exact"), m("status.ok")), ()),
+    ("metric.billing_unexplained_rate", "the billed count is unexplained for", "rated records",
+     lambda m: (m("billing_unexplained"), m("billing_match") + m("billing_explained") + m("billing_unexplained")),
+     (("billing_error", "error rows"), ("billing_no_billing", "without a billed count"))),
+)
+
+
+def _rate_said(rows: pd.DataFrame, col: str, what: str, unit: str, counts: Any, skipped: Any) -> str | None:
+    """``what`` with its share of ``unit`` (one run: ``k of n unit (share)``, several: the range of shares) and
+    the rows not counted; None when no run has the rate."""
+    values = [float(_native(v)) for v in rows[col] if _is_number(v)] if col in rows else []
+    if not values:
+        return None
+    if len(values) == 1:
+        r = rows[rows[col].map(_is_number)].iloc[0]
+
+        def m(key: str) -> float:
+            v = _native(r.get(f"metric.{key}"))
+            if not _is_number(v):
+                raise KeyError(key)
+            return float(v)
+        try:
+            k, n = counts(m)
+            left = [f"{int(m(key)):,} {say}" for key, say in skipped if _is_number(_native(r.get(f"metric.{key}")))
+                    and m(key)]
+            return (f"{what} {int(k):,} of {int(n):,} {unit} ({values[0]:.0%}; 1 run"
+                    + (f"; {' and '.join(left)} not rated" if left else "") + ")")
+        except KeyError:
+            pass
+    return f"{what} {_range(values)} of {unit} ({len(values)} run{'s' if len(values) != 1 else ''})"
+
+
 def batch_finding(df: pd.DataFrame) -> str:
-    """The page's one-line finding in plain words: how many runs finished, and per data kind the range of the
-    engine mismatch rate and of the billing unexplained rate over its finished runs."""
+    """The page's one-line finding in plain words: how many runs finished, and per data kind the engine mismatch
+    rate (of compared records) and the billing unexplained rate (of rated records: a reconstruction and a billed
+    count, the billing page's denominator) over its finished runs: ``k of n`` for one run, the range for several."""
     ok = df[df.status == "ok"]
     parts = [f"{len(ok):,} of {len(df):,} runs finished"]
     kinds = ok["metric.data"] if "metric.data" in ok else pd.Series([None] * len(ok), index=ok.index)
     for kind in sorted({str(k) for k in kinds if _present(k)}, key=lambda k: DATA_ORDER.get(k, 2)):
         rows = ok[kinds.map(str) == kind]
-        said = []
-        for col, what in (("metric.mismatch_rate", "the reconstruction differs from the engine in"),
-                          ("metric.billing_unexplained_rate", "the billed count is unexplained for")):
-            values = [float(_native(v)) for v in rows[col] if _is_number(v)] if col in rows else []
-            if values:
-                said.append(f"{what} {_range(values)} of records ({len(values)} run{'s' if len(values) != 1 else ''})")
+        said = [t for col, what, unit, counts, skipped in RATES_SAID
+                if (t := _rate_said(rows, col, what, unit, counts, skipped))]
         if said:
             parts.append(f"on {KIND_SAY.get(kind, kind + ' data')}, " + " and ".join(said))
     return "; ".join(parts) + "."
@@ -322,9 +368,9 @@ def _toy_row(df: pd.DataFrame, i: int, ncols: int) -> str:
 
 def _runs_table(df: pd.DataFrame, run_cols: list[str]) -> str:
     """One row per run: its status, data kind, duration and varying parameters, and links to its pages."""
-    names = {"metric.data": "data", "metric.n_records": "records (n)"}
-    th = ("<tr>" + "".join(f"<th>{html.escape(names.get(c) or readable(c))}</th>" for c in run_cols)
-          + "<th>notebook</th></tr>")
+    names = {"metric.data": "data", "metric.n_records": "records (n)", "duration_s": "duration (s)"}
+    th = ("<tr>" + "".join(f"<th>{breakable(names.get(c) or readable(c))}</th>" for c in run_cols)
+          + "<th>pages</th></tr>")
     body = []
     for i, (_, r) in enumerate(df.iterrows()):
         cells = "".join(_cell(c, r[c]) for c in run_cols)
@@ -353,7 +399,7 @@ def _metric_tables(df: pd.DataFrame, metrics: list[str], intervals: dict[str, tu
     for group, cols in _metric_chunks(metrics):
         label = f"{readable(group)}" if group else "metrics"
         th = (f'<tr><th></th><th colspan="{len(cols)}">{html.escape(label)}</th></tr><tr><th>run</th>'
-              + "".join(f"<th>{html.escape(readable(c.split('.', 2)[2] if group else c))}"
+              + "".join(f"<th>{breakable(readable(c.split('.', 2)[2] if group else c))}"
                         f"{' (95% interval)' if c in intervals else ''}</th>" for c in cols) + "</tr>")
         rows = "".join(_toy_row(df, i, len(cols) + 1) + f'<tr class="{html.escape(str(r["status"]))}">{_cell("run", r["run"])}'
                        + "".join(_cell(c, r[c], [r[b] for b in intervals[c]] if c in intervals else None) for c in cols)
@@ -386,7 +432,8 @@ def summary_html(df: pd.DataFrame, charts: list[Path], title: str) -> str:
     metrics = [c for c in metrics if c not in bounds]
     data_note = _data_note(df)
     run_cols = ["run", "status", *(["metric.data"] if data_note else []),
-                *(["metric.n_records"] if "metric.n_records" in df else []), "duration_s", *varying]
+                *(["metric.n_records"] if "metric.n_records" in df else []), "duration_s",
+                *[c for c in varying if not (data_note and c == "param.data_kind")]]  # the data column says it
     metric_tables = _metric_tables(df, metrics, intervals)
     failures = _failures_html(df)
     fixed_html = "".join(f"<li><code>{html.escape(c[6:])}</code> = {html.escape(_show(df[c].iloc[0]))}</li>"
@@ -457,7 +504,11 @@ def _cell(col: str, value: Any, interval: list[Any] | None = None) -> str:
     if len(text) > 120:
         text = text[:117] + "…"
     title = f' title="{html.escape(full)}"' if full != text else ""
-    return f"<td{title}>{html.escape(text)}</td>"
+    if _is_number(value) or (interval and text):
+        return f"<td class='num'{title}>{html.escape(text)}</td>"
+    if len(text) <= SHORT_TOKEN and not any(c.isspace() for c in text):  # a short name or id: kept whole
+        return f"<td class='tok'{title}>{html.escape(text)}</td>"
+    return f"<td{title}>{breakable(text)}</td>"
 
 
 def _native(v: Any) -> Any:

@@ -291,7 +291,7 @@ Image = Callable[[str, str], str]
 
 
 def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{v:+.3f}%"
+    return "–" if v is None or v != v else f"{v:+.3f}%"
 
 
 def _headline_html(summary: dict[str, Any]) -> list[str]:
@@ -320,6 +320,10 @@ CONVENTION_HEADERS = {"end_of_turn": "end of turn (convention followed)",
                       "reasoning_count": "reasoning count (convention followed)"}
 
 
+def _with_ci(v: float | None, lo: float | None, hi: float | None) -> str:
+    return "–" if _pct(v) == "–" else f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]"
+
+
 def _share(v: float | None) -> str:
     return "–" if v is None or v != v else f"{100 * v:.1f}%"
 
@@ -333,12 +337,12 @@ def group_tables(rows: list[dict[str, Any]], by: str) -> tuple[pd.DataFrame, pd.
     t = pd.DataFrame(rows)
     counts = t[[by, *COUNT_HEADERS]].rename(columns=COUNT_HEADERS)
     rates = pd.DataFrame({by: t[by],
-                          GAP_HEADER: [f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]" for v, lo, hi in
+                          GAP_HEADER: [_with_ci(v, lo, hi) for v, lo, hi in
                                        zip(t["gap_pct"], t["gap_pct_lo"], t["gap_pct_hi"])],
-                          RESIDUAL_HEADER: [f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]" for v, lo, hi in
+                          RESIDUAL_HEADER: [_with_ci(v, lo, hi) for v, lo, hi in
                                             zip(t["unexplained_gap_pct"], t["unexplained_gap_pct_lo"],
                                                 t["unexplained_gap_pct_hi"])],
-                          RATE_HEADER: [f"{k}/{n} ({_share(r)}) [{_share(lo)}, {_share(hi)}]" for k, n, r, lo, hi in
+                          RATE_HEADER: [f"{k}/{n} ({_share(r)}) [{_share(lo)}, {_share(hi)}]" if n else "0/0 (none rated)" for k, n, r, lo, hi in
                                         zip(t["unexplained"], t["rated"], t["unexplained_rate"], t["unexplained_lo"],
                                             t["unexplained_hi"])]})
     for key, header in CONVENTION_HEADERS.items():

@@ -79,7 +79,7 @@ BILLING_HEADERS = {"n_records_billed": "records billed", "billed_completion_toke
                    "unexplained": "gap not explained by hunks (billed − engine)",
                    "n_records_unexplained": "records with a gap not explained by hunks",
                    "billed_reasoning_tokens": "billed reasoning tokens",
-                   "recon_reasoning_tokens": "reconstructed reasoning tokens"}
+                   "reconstructed_reasoning_tokens": "reconstructed reasoning tokens"}
 CHARTS = ("mismatch_rate_by_dataset", "verdicts", "hunk_sizes", "token_delta", "first_divergence", "billing", "confusion")
 Image = Callable[[str, str], str]
 
@@ -362,11 +362,13 @@ def _confusion_html(summary: dict[str, Any], image: Image) -> list[str]:
 
 def _billing_html(summary: dict[str, Any], image: Image) -> list[str]:
     bill = summary["billing"]
-    by_class = pd.DataFrame([bill["explained_by_class"]]) if bill["explained_by_class"] else pd.DataFrame([{"none": 0}])
+    by_class = (["<p>Tokens explained by hunk class (engine − reconstructed):</p>",
+                 html_table(pd.DataFrame([bill["explained_by_class"]]))] if bill["explained_by_class"] else
+                ["<p>No hunk in the billed records: no tokens explained by hunks.</p>"])
     return [
         "<h2>Billing reconciliation</h2>",
         html_table(pd.DataFrame([{BILLING_HEADERS.get(k, k): v for k, v in bill.items() if not isinstance(v, dict)}])),
-        "<p>Tokens explained by hunk class (engine − reconstructed):</p>", html_table(by_class),
+        *by_class,
         "<p>Reasoning tokens:</p>", html_table(pd.DataFrame([{BILLING_HEADERS.get(k, k): v for k, v in bill["reasoning"].items()}])),
         image("billing", "billing"),
     ]

@@ -62,7 +62,7 @@ def count_axis(ax: Any, tallest: float, label: str | None = "records", axis: str
 
 def integer_axis(ax: Any, axis: str = "y") -> None:
     """Ticks on whole numbers only (counts: records, hunks, tokens), never 0.25 steps."""
-    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 def finding(text_html: str) -> str:
@@ -165,6 +165,9 @@ def breakable(text: Any) -> str:
     return "<wbr>".join(html.escape(part) for part in BREAK_AFTER.split(str(text)))
 
 
+SHORT_TOKEN = 24  # a text cell of one word up to this long never wraps (an id, a provider, a verdict)
+
+
 def is_number(v: Any) -> bool:
     """A real number (an int or float, numpy's included; never a bool)."""
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
@@ -178,7 +181,10 @@ def html_cell(v: Any, float_format: str = "{:.3f}") -> str:
     if is_number(v):
         text = float_format.format(v) if isinstance(v, (float, np.floating)) else f"{int(v)}"
         return f"<td class='num'>{html.escape(text)}</td>"
-    return f"<td>{breakable(v)}</td>"
+    text = str(v)
+    if len(text) <= SHORT_TOKEN and not any(c.isspace() for c in text):  # a short name or id: kept whole
+        return f"<td class='tok'>{html.escape(text)}</td>"
+    return f"<td>{breakable(text)}</td>"
 
 
 def html_table(df: pd.DataFrame, float_format: str = "{:.3f}") -> str:
@@ -244,6 +250,7 @@ table.t,body.batch table{border-collapse:collapse;font-size:13px;table-layout:au
 table.t td,table.t th,body.batch td,body.batch th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;
 word-break:normal;overflow-wrap:break-word;hyphens:none}
 table.t th,body.batch th{white-space:normal;background:#fafafa}
+table.t td.tok,body.batch td.tok{white-space:nowrap}
 table.t td.num,body.batch td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
 .finding{font-size:16px;background:#f1f8e9;border-left:4px solid #558b2f;padding:6px 10px}
 .sign{color:#555;font-size:13px}

@@ -139,7 +139,7 @@ def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None
     A standalone ``Figure`` (no pyplot state): display it, or it is simply garbage-collected."""
     modes = list(dict.fromkeys(r["mode"] for r in table))
     fig = Figure(figsize=(5.5 * len(modes), 3.8))
-    axes = fig.subplots(1, len(modes), squeeze=False)
+    axes = fig.subplots(1, len(modes), squeeze=False, sharex=True)  # one τ scale: panels compare at a glance
     for ax, mode in zip(axes[0], modes):
         rows = [r for r in table if r["mode"] == mode]
         y = np.arange(len(rows))[::-1]
@@ -149,6 +149,7 @@ def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None
         ax.errorbar(taus, y, xerr=err, fmt="none", ecolor="#555", capsize=3)
         ax.scatter(taus, y, c=colors, zorder=3)
         ax.set_yticks(y, [r["arm"] for r in rows], fontsize=8)
+        ax.tick_params(axis="x", labelbottom=True)
         ax.set(xlabel="acceptance length τ (95% bootstrap interval)", title=f"{mode}")
     fig.suptitle(f"{data_tag(data)} {title or 'τ per arm (red: differs significantly from the reference)'}", fontsize=10)
     fig.tight_layout()
@@ -161,13 +162,15 @@ def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", t
     decoding mode, with 95 % intervals; also written to ``path`` (a standalone ``Figure``)."""
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()
+    doses: set[float] = set()
     for i, mode in enumerate(dict.fromkeys(r["mode"] for r in table)):
         rows = sorted((r for r in table if r["mode"] == mode and r["ids"] == reference_ids and r["storage"] == "bf16"),
                       key=lambda r: r["inject_rate"])
         x = [100 * r["inject_rate"] for r in rows]
+        doses.update(x)
         ax.errorbar(x, [r["tau"] for r in rows], yerr=[[r["tau"] - r["lo"] for r in rows], [r["hi"] - r["tau"] for r in rows]],
                     marker="o", capsize=3, color=f"C{i}", label=mode)
-    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xticks(sorted(doses), [f"{d:g}" for d in sorted(doses)])  # a linear axis, a tick at every dose given
     ax.set(xlabel="completion tokens re-segmented (%)", ylabel="τ (95% bootstrap interval)",
            title=f"{data_tag(data)} {title or 'τ against injected tokenization drift'}")
     ax.legend(fontsize=8)
