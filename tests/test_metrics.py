@@ -129,3 +129,13 @@ def test_every_convention_flag_is_one_the_reconstruction_writes():
     source = inspect.getsource(completion) + inspect.getsource(record)
     for flag in convention_flags("{policy}"):
         assert f'"{flag}"' in source or f'f"{flag}"' in source, flag
+
+
+def test_wilson_bounds_at_zero_and_all_successes_are_exact():
+    """A rate of 0/48 has the lower bound 0 (not 6.9e-18 from rounding) and 48/48 the upper bound 1."""
+    from kimi_eagle.diff.summary import wilson
+
+    assert wilson(0, 48)[0] == 0.0 and wilson(48, 48)[1] == 1.0
+    lo, hi = wilson(0, 48)
+    assert 0.07 < hi < 0.08  # 0.0741, as a table shows it
+    assert wilson(3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)

@@ -43,7 +43,7 @@ def _wilson(k, n, z=1.959963984540054):
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
 
 
 def _num(text):
@@ -65,14 +65,15 @@ def test_every_figure_on_report_html_is_recomputed_from_the_parquet(pages):
     # the verdict table
     assert {k: int(v) for k, v in _table_with(soup, "exact", "bpe_split", "semantic")[0].items()} == verdicts
     # the mismatch-rate table, per dataset and all, with Wilson intervals
-    rates = {r["dataset"]: r for r in _table_with(soup, "dataset", "mismatch_rate")}
+    rates = {r["dataset"]: r for r in _table_with(soup, "dataset", "mismatch rate")}
     for name, group in [*ok.groupby("dataset"), ("all", ok)]:
         row, n = rates[name], len(group)
         for what, hit in (("mismatch", group.verdict != "exact"), ("semantic", group.verdict == "semantic")):
             k = int(hit.sum())
             lo, hi = _wilson(k, n)
-            assert (int(row["n"]), int(row[what])) == (n, k)
-            assert [_num(row[f"{what}_{s}"]) for s in ("rate", "lo", "hi")] == pytest.approx([k / n, lo, hi], abs=6e-4)
+            assert (int(row["records (n)"]), int(row[f"{what} (k)"])) == (n, k)
+            assert [_num(row[f"{what} {s}"]) for s in ("rate", "95% low", "95% high")] == pytest.approx([k / n, lo, hi],
+                                                                                                     abs=6e-4)
     # billing reconciliation: sums over the billed ok records; explained by hunk class from hunks.parquet
     billed = ok[ok.billed_completion_tokens.notna()]
     bill = _table_with(soup, "records billed", "billed tokens")[0]

@@ -24,14 +24,21 @@ DATA_KINDS = ("simulated", "real")
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for ``k`` successes in ``n`` trials (``(0, 1)`` when ``n == 0``)."""
+    """Wilson score interval for ``k`` successes in ``n`` trials (``(0, 1)`` when ``n == 0``). The bounds at
+    ``k == 0`` and ``k == n`` are exactly 0 and 1 (the formula's float rounding would give 6.9e-18 there).
+
+    >>> wilson(0, 48)[0], wilson(48, 48)[1]
+    (0.0, 1.0)
+    """
     if n == 0:
         return 0.0, 1.0
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def data_kind(records: pd.DataFrame) -> str:

@@ -345,9 +345,15 @@ def _verdicts_html(summary: dict[str, Any], image: Image) -> list[str]:
     return ["<h2>Verdicts</h2>", html_table(pd.DataFrame([summary["verdict"]])), image("verdicts", "verdicts")]
 
 
+RATE_HEADERS = {"n": "records (n)", **{f"{w}{s}": f"{w}{h}" for w in ("mismatch", "semantic") for s, h in
+                (("", " (k)"), ("_rate", " rate"), ("_lo", " 95% low"), ("_hi", " 95% high"))}}
+
+
 def _rates_html(summary: dict[str, Any], image: Image) -> list[str]:
-    return ["<h2>Mismatch rate per dataset (Wilson 95% CI)</h2>", html_table(pd.DataFrame(summary["rates"])),
-            image("mismatch_rate_by_dataset", "mismatch rate")]
+    rates = pd.DataFrame(summary["rates"]).rename(columns=RATE_HEADERS)
+    return ["<h2>Mismatch rate per dataset (Wilson 95% CI)</h2>",
+            "<p>mismatch: the IDs are not identical (a BPE split or a semantic difference); semantic: the bytes "
+            "differ. k of n ok records.</p>", html_table(rates), image("mismatch_rate_by_dataset", "mismatch rate")]
 
 
 def _confusion_html(summary: dict[str, Any], image: Image) -> list[str]:
