@@ -4,11 +4,12 @@ Records: the converted ShareGPT and glaive datasets (``kimi-eagle convert``, 8,4
 with distinct ids (``id#copy``) to ``--records`` (default 100,000) and to ``--small`` (10,000); format ``kimi-k2.5``.
   bare tiktoken : ``tiktoken.Encoding.encode`` of the completion strings of the small set
   in process    : ``reconstruct_record`` over the already-parsed small set (full rows: prompt rendering and
-                  encoding included; fresh encoder cache) -- the baseline of issue #28; also run with the
-                  job's raised GC threshold (``fewer_collections``), to show the job gains nothing from it there
+                  encoding included; fresh encoder cache) -- the baseline of issue #28; also run under the
+                  job's raised GC threshold (``fewer_collections``): what that setting alone gives the core
   1 / N workers : ``reconstruct_file`` end to end (JSONL in, parquet out), in a child process that has loaded
                   the tokenizer and warmed up on 1,000 records; one child per input size, so its peak RSS is
-                  the memory of that size (1,000 records: the base; the small set 10x, the big set 100x)
+                  the memory of that size (1,000 records: the base; the small set 10x, the big set 100x);
+                  on the small set also 1 worker at the collector's default threshold
 Throughput is records/s, best of ``--repeats`` (the big set: best of ``--big-repeats``), interleaved. Each
 run also gives its CPU time (this process and its workers) and its main thread's CPU time: on a loaded
 machine the wall clock is shared with other jobs, while "1 worker main-thread CPU / in-process CPU" is what
@@ -21,6 +22,7 @@ Usage: python bench/reconstruct.py [--records 100000] [--small 10000] [--repeats
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -78,9 +80,11 @@ def timed(fn) -> tuple[float, float, float]:
 # child: the file job on one input, in a fresh process
 
 
-def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path) -> dict:
+def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path, gc_compare: bool = False) -> dict:
     """Load the tokenizer, warm up on ``warm``, then time ``reconstruct_file`` on ``src`` for each worker
-    count (interleaved, ``repeats`` times); also the start-up of a pool on one shard. Peak RSS included."""
+    count (interleaved, ``repeats`` times; ``gc_compare``: also 1 worker at the collector's default threshold);
+    also the start-up of a pool on one shard. Peak RSS included."""
+    from kimi_eagle.reconstruct import job as J
     from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
     from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
@@ -96,10 +100,17 @@ def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path
     reset = Path("/proc/self/clear_refs")  # Linux: writing 5 resets the peak RSS (VmHWM) to the current RSS
     if reset.exists():
         reset.write_text("5")
-    runs: dict[str, list] = {str(n): [] for n in workers}
+    runs: dict[str, list] = {str(n): [] for n in [*workers, *(["1, default GC"] if gc_compare else [])]}
+    tuned = J.fewer_collections
     for _ in range(repeats):
         for n in workers:
             runs[str(n)].append(timed(job(src, n)))
+        if gc_compare:
+            J.fewer_collections = contextlib.nullcontext  # the collector's default threshold, for comparison
+            try:
+                runs["1, default GC"].append(timed(job(src, 1)))
+            finally:
+                J.fewer_collections = tuned
     one = out_dir / f"one-shard-{os.getpid()}.jsonl"
     one.write_bytes(b"".join(warm.read_bytes().splitlines(keepends=True)[:256]))
     peak = peak_rss_mb()  # of the timed runs only (the tokenizer's load and the warm-up excluded where Linux can)
@@ -131,9 +142,9 @@ def fork_seconds() -> float:
     return best
 
 
-def run_child(src: Path, warm: Path, workers: list[int], repeats: int, tmp: Path) -> dict:
+def run_child(src: Path, warm: Path, workers: list[int], repeats: int, tmp: Path, gc_compare: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--child", str(src), "--warm", str(warm), "--workers-list",
-           ",".join(map(str, workers)), "--repeats", str(repeats), "--tmp", str(tmp)]
+           ",".join(map(str, workers)), "--repeats", str(repeats), "--tmp", str(tmp)] + (["--gc-compare"] if gc_compare else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"child failed: {out.stderr[-2000:]}")
@@ -274,6 +285,9 @@ def report(args, base: dict, inproc: dict, n_tokens: int, n_small: int, children
           f"{rate[one][2] / rate['in process'][1]:.2f} (big), {rate[one_small][2] / rate['in process'][1]:.2f} (small)"
           f"  (target >= 0.8); against the in-process path run with the job's GC threshold: main-thread CPU "
           f"{rate[one_small][2] / rate[TUNED][1]:.2f} (small)")
+    default_gc = [n_small / v for v in best_of(small["runs"]["1, default GC"])]
+    print(f"1 worker @small at the collector's default threshold: {default_gc[2]:,.0f} records/s of main-thread CPU "
+          f"(the job's raised threshold: {rate[one_small][2] / default_gc[2]:.2f}x)")
     print(f"{n} workers / 1 worker       : wall {rate[nw][0] / rate[one][0]:.2f} (big), "
           f"{rate[nw_small][0] / rate[one_small][0]:.2f} (small)  (target >= {0.85 * n:.2f}; wall only)")
     total = sum(costs.values())
@@ -325,17 +339,18 @@ def main() -> None:
     p.add_argument("--warm", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--workers-list", help=argparse.SUPPRESS)
     p.add_argument("--tmp", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--gc-compare", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.warm, [int(w) for w in args.workers_list.split(",")], args.repeats,
-                               args.tmp)))
+                               args.tmp, args.gc_compare)))
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-reconstruct-"))
     try:
         warm, small, big = (make_records(tmp, n) for n in (BASE, min(args.small, args.records), args.records))
         inproc, n_tokens, n_small = in_process_runs(small, args.repeats)
         workers = [1, args.workers]
-        children = {"base": run_child(warm, warm, [1], 1, tmp), "small": run_child(small, warm, workers, args.repeats, tmp),
+        children = {"base": run_child(warm, warm, [1], 1, tmp), "small": run_child(small, warm, workers, args.repeats, tmp, True),
                     "big": run_child(big, warm, workers, args.big_repeats, tmp)}
         from kimi_eagle.chat.formats import get_format
         from kimi_eagle.tokenize.tokenizer import KimiTokenizer
