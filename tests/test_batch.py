@@ -109,6 +109,37 @@ def test_one_batch_at_a_time_per_run_dir(tmp_path):
     assert not (tmp_path / "run" / "x=1").exists()
 
 
+def test_a_finished_batch_leaves_no_lock_file(tmp_path):
+    run_batch(PROBE, write_grid(tmp_path / "g.yaml", {"sweep": {"x": [1]}}), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "batch.lock").exists()
+    assert (tmp_path / "run" / "x=1").is_dir()
+
+
+def test_a_lock_file_removed_while_waiting_is_not_trusted(tmp_path):
+    """A batch that opened the lock file just before the holder removed it locks the file now at the path."""
+    import fcntl
+
+    from kimi_eagle.apps.batch import run as batch_run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    real_flock = fcntl.flock
+    calls = []
+
+    def flock_after_removal(f, op):  # the holder finishes between our open() and our flock()
+        if not calls:
+            (run_dir / "batch.lock").unlink()
+        calls.append(op)
+        return real_flock(f, op)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fcntl, "flock", flock_after_removal)
+        with batch_run._exclusive(run_dir):
+            assert len(calls) == 2  # the removed file's lock was dropped and the new file locked
+            assert (run_dir / "batch.lock").exists()
+    assert not (run_dir / "batch.lock").exists()
+
+
 def test_a_directory_the_batch_did_not_make_is_never_deleted(tmp_path):
     (tmp_path / "run" / "x=1").mkdir(parents=True)
     (tmp_path / "run" / "x=1" / "precious.txt").write_text("mine")

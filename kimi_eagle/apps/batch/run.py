@@ -189,20 +189,34 @@ def _stderr_to(path: Path):
 
 @contextlib.contextmanager
 def _exclusive(run_dir: Path):
-    """Hold ``RUN_DIR/batch.lock`` (released by the OS however the batch ends): one batch per RUN_DIR at a time."""
+    """Hold ``RUN_DIR/batch.lock`` (released by the OS however the batch ends): one batch per RUN_DIR at a time.
+    The lock file is removed when the batch ends; a batch that locked a file another batch has just removed
+    (not the one at the path any more) locks the new one instead."""
     import fcntl
 
     global _LOCK_FD
-    with open(run_dir / "batch.lock", "a+") as f:
+    path = run_dir / "batch.lock"
+    while True:
+        f = open(path, "a+")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            f.close()
             raise GridError(f"{run_dir} is in use by another batch; wait for it or use another RUN_DIR") from None
-        _LOCK_FD = f.fileno()
         try:
-            yield
-        finally:
-            _LOCK_FD = None
+            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()  # the previous holder removed this file after we opened it: lock the current one
+    _LOCK_FD = f.fileno()
+    try:
+        yield
+    finally:
+        _LOCK_FD = None
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # still holding the lock: no other batch runs in between
+        f.close()
 
 
 _LOCK_FD: int | None = None  # the batch lock's descriptor, which forked workers close (only the batch holds it)
