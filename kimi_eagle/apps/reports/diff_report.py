@@ -110,31 +110,29 @@ def chart_rates(rates: pd.DataFrame, data: str | None = None) -> Figure:
     return fig
 
 
+def _count_bars(ax: Any, labels: list[str], counts: list[int], colors: list[str], empty: str) -> None:
+    """Horizontal bars of ``counts`` (first label on top), each labelled with its count; ``empty`` when none."""
+    if not labels:
+        no_data(ax, empty)
+        return
+    bars = ax.barh(labels[::-1], counts[::-1], color=colors[::-1])
+    ax.bar_label(bars, padding=3, fontsize=8)
+    ax.margins(x=0.15)
+    integer_axis(ax, "x")
+
+
 def chart_verdicts(records: pd.DataFrame, hunks: pd.DataFrame, data: str | None = None) -> Figure:
     ok = _ok(records)
     fig, (ax1, ax2) = figure((12, 4.4), ncols=2)
     labels = [c for c in LABELS if (ok["label"] == c).any()]
     counts = [int((ok["label"] == c).sum()) for c in labels]
-    colors = [VERDICT_COLORS["exact"] if c == "exact" else VERDICT_COLORS["bpe_split"] if c == "bpe_split"
-              else VERDICT_COLORS["semantic"] for c in labels]
-    if labels:
-        bars = ax1.barh(labels[::-1], counts[::-1], color=colors[::-1])
-        ax1.bar_label(bars, padding=3, fontsize=8)
-        ax1.margins(x=0.15)
-        integer_axis(ax1, "x")
-    else:
-        no_data(ax1, "ok records")
+    verdict_of = {"exact": "exact", "bpe_split": "bpe_split"}  # every other label is a semantic difference
+    _count_bars(ax1, labels, counts, [VERDICT_COLORS[verdict_of.get(c, "semantic")] for c in labels], "ok records")
     ax1.set(xlabel="records", ylabel="label")
     title(ax1, f"Record labels ({len(ok):,} ok records)", data)
     cls = hunks["subclass"].fillna(hunks["kind"]).value_counts()
-    if len(cls):
-        bars = ax2.barh(list(cls.index[::-1]), list(cls.values[::-1]),
-                        color=["#1976d2" if c == "split" else "#d32f2f" for c in cls.index[::-1]])
-        ax2.bar_label(bars, padding=3, fontsize=8)
-        ax2.margins(x=0.15)
-        integer_axis(ax2, "x")
-    else:
-        no_data(ax2, "hunks")
+    _count_bars(ax2, list(cls.index), [int(v) for v in cls.values],
+                [VERDICT_COLORS["bpe_split" if c == "split" else "semantic"] for c in cls.index], "hunks")
     ax2.set(xlabel="hunks", ylabel="split or semantic subclass")
     title(ax2, f"Hunks by class ({len(hunks):,} hunks)", data)
     fig.tight_layout()
