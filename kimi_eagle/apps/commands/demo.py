@@ -58,10 +58,11 @@ def heartbeat(what: str | Callable[[], str], every: float = HEARTBEAT_S) -> Iter
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     began = time.perf_counter()
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=spawn) as background:
+    from kimi_eagle.apps.tiny_kimi import cached_tiny_kimi
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as background:
         # tiny-kimi trains on one thread in its own process while the notebooks run
-        model = background.submit(tiny_kimi_model, Path(args.cache) / "tiny_kimi")
+        model = background.submit(cached_tiny_kimi, Path(args.cache) / "tiny_kimi")
         print(f"[demo] tiny-kimi model: from {Path(args.cache) / 'tiny_kimi'}/, built in the background when missing",
               flush=True)
         failed = run_notebooks(out, args.batch_workers)
@@ -108,14 +109,6 @@ def run_notebooks(out: Path, workers: int) -> list[str]:
             print(f"[demo] {name} {'done' if status == 'ok' else 'FAILED'} in {seconds:.1f}s -> {detail}", flush=True)
     print(f"[demo] {'all notebooks executed' if not failed else f'{len(failed)} notebook(s) failed'} into {out}/")
     return failed
-
-
-def tiny_kimi_model(cache: Path) -> tuple[Path, dict, bool]:
-    """The tiny-kimi model from ``cache`` (:func:`~kimi_eagle.apps.tiny_kimi.cached_tiny_kimi`), run in the demo's
-    background process."""
-    from kimi_eagle.apps.tiny_kimi import cached_tiny_kimi
-
-    return cached_tiny_kimi(cache)
 
 
 def run_tiny_kimi(out: Path, model: Future, prompts: int = 48) -> int:
