@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import struct
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Sequence
 
@@ -22,10 +23,15 @@ class PieceEncoder:
 
     The cache maps a plain run to its IDs; multi-turn prompts repeat their history runs, so a
     conversation's prompts cost little more than its new text.
+
+    ``packed``: :meth:`encode_marked` (a prompt) returns its IDs as a numpy ``int32`` array instead of a list,
+    joined from the runs' packed IDs (tiktoken's buffer: no Python int is made for them). For a consumer that
+    only stores the IDs (a file job's Arrow column); everything else gets lists.
     """
 
-    def __init__(self, tok: Tokenizer, cache_entries: int = 8192) -> None:
+    def __init__(self, tok: Tokenizer, cache_entries: int = 8192, packed: bool = False) -> None:
         self.tok = tok
+        self.packed = packed
         self.special_id_by_text = tok.special_id_by_text
         self._marker = _marker_regex(self.special_id_by_text)
         self._marker_needles = _marker_needles(self.special_id_by_text)
@@ -35,6 +41,10 @@ class PieceEncoder:
         self._cache_entries = cache_entries
         self._plain = _plain_encoder(tok)
         self._plain_cont = _plain_encoder(tok, continuation=True)
+        if packed:
+            self._packed_cache: dict[bool, OrderedDict[str, tuple[bytes, bool]]] = {False: OrderedDict(), True: OrderedDict()}
+            self._packed_specials = {text: _int32_bytes([sid]) for text, sid in self.special_id_by_text.items()}
+            self._packed_plain = {c: _packed_encoder(tok, p) for c, p in ((False, self._plain), (True, self._plain_cont))}
 
     def has_marker(self, text: str) -> bool:
         """Does ``text`` spell any special token of the tokenizer? (cached)"""
@@ -88,7 +98,10 @@ class PieceEncoder:
         return self.encode_marked(pieces, continuation)[0]
 
     def encode_marked(self, pieces: Iterable[Piece], continuation: bool = False) -> tuple[list[int], bool]:
-        """``encode``, plus whether any plain run spells a special token (so is kept as literal text)."""
+        """``encode``, plus whether any plain run spells a special token (so is kept as literal text);
+        a numpy ``int32`` array instead of the list with ``packed``."""
+        if self.packed:
+            return self._encode_packed(pieces, continuation)
         ids: list[int] = []
         buf: list[str] = []
         special_id_by_text, run_of = self.special_id_by_text, self._run
@@ -114,6 +127,45 @@ class PieceEncoder:
                 ids += run_ids
                 marker = marker or found
         return ids, marker
+
+    def _packed_run(self, text: str, continuation: bool) -> tuple[bytes, bool]:
+        """A plain run's IDs as int32 bytes and whether it spells a special token, cached together."""
+        cache = self._packed_cache[continuation]
+        hit = cache.get(text)
+        if hit is None:
+            listed = self._cache[continuation].get(text)  # e.g. an earlier completion, now in this prompt's history
+            hit = ((_int32_bytes(listed[0]), listed[1]) if listed is not None
+                   else (self._packed_plain[continuation](text), self._scan(text)))
+            self._remember(cache, text, hit)
+        return hit
+
+    def _encode_packed(self, pieces: Iterable[Piece], continuation: bool) -> tuple[Any, bool]:
+        """:meth:`encode_marked` with ``packed``: the same IDs as one numpy ``int32`` array."""
+        import numpy as np
+
+        parts: list[bytes] = []
+        buf: list[str] = []
+        specials, run_of = self._packed_specials, self._packed_run
+        marker = False
+        for text, kind in pieces:
+            part = specials.get(text) if kind == SPECIAL else None
+            if part is None:
+                buf.append(text)
+                continue
+            if buf:
+                run = "".join(buf) if len(buf) > 1 else buf[0]
+                buf = []
+                if run:
+                    packed, found = run_of(run, continuation)
+                    parts.append(packed)
+                    marker = marker or found
+            parts.append(part)
+        run = "".join(buf)
+        if run:
+            packed, found = run_of(run, continuation)
+            parts.append(packed)
+            marker = marker or found
+        return np.frombuffer(b"".join(parts), dtype=np.int32), marker
 
     def _encode_single_piece_segments(self, segments: Sequence[Segment],
                                       continuation: bool) -> tuple[list[int], list[Span], bool] | None:
@@ -144,6 +196,38 @@ class PieceEncoder:
             byte_pos += nb
         return ids, spans, marker
 
+    def _encode_single_piece_packed(self, segments: Sequence[Segment],
+                                    continuation: bool) -> tuple[Any, list[Span], bool] | None:
+        """:meth:`_encode_single_piece_segments` with ``packed``: the IDs as one numpy ``int32`` array."""
+        import numpy as np
+
+        parts: list[bytes] = []
+        spans: list[Span] = []
+        byte_pos = n_ids = 0
+        prev_plain = marker = False
+        specials, run_of = self._packed_specials, self._packed_run
+        for kind, pieces in segments:
+            if len(pieces) != 1:
+                return None
+            text, pkind = pieces[0]
+            nb = len(text) if text.isascii() else len(text.encode("utf-8"))
+            start = n_ids
+            part = specials.get(text) if pkind == SPECIAL else None
+            if part is not None:
+                prev_plain = False
+            elif text:
+                if prev_plain:
+                    return None
+                part, found = run_of(text, continuation)
+                marker = marker or found
+                prev_plain = True
+            if part is not None:
+                parts.append(part)
+                n_ids += len(part) // 4
+            spans.append(Span(kind, byte_pos, byte_pos + nb, start, n_ids))
+            byte_pos += nb
+        return np.frombuffer(b"".join(parts), dtype=np.int32), spans, marker
+
     def encode_segments(self, segments: Sequence[Segment], continuation: bool = False) -> tuple[list[int], list[Span]]:
         """Encode the completion once; return its IDs and each segment's byte and token span.
 
@@ -155,7 +239,8 @@ class PieceEncoder:
     def encode_segments_marked(self, segments: Sequence[Segment],
                                continuation: bool = False) -> tuple[list[int], list[Span], bool]:
         """``encode_segments``, plus whether any plain text in the completion spells a special token."""
-        fast = self._encode_single_piece_segments(segments, continuation)
+        fast = (self._encode_single_piece_packed if self.packed else self._encode_single_piece_segments)(segments,
+                                                                                                   continuation)
         if fast is not None:
             return fast
         marker = any(self.has_marker(t) for seg in segments for t, kind in seg.pieces if kind != SPECIAL)
@@ -223,6 +308,24 @@ def _marker_needles(specials: Iterable[str]) -> list[str]:
     generic = re.compile(r"<\|[^\s<>|]{1,64}\|>")
     others = [t for t in specials if not generic.fullmatch(t)]
     return (["<|"] if len(others) < len(list(specials)) else []) + others
+
+
+def _int32_bytes(ids: Sequence[int]) -> bytes:
+    """IDs as native-order int32 bytes (ValueError for one that is not an int32)."""
+    try:
+        return struct.pack(f"={len(ids)}i", *ids)
+    except struct.error:
+        raise ValueError("an ID does not fit int32") from None
+
+
+def _packed_encoder(tok: Tokenizer, plain: Callable[[str], list[int]]) -> Callable[[str], bytes]:
+    """A function giving what ``plain`` gives as int32 bytes: for Kimi, texts up to ``MAX_RUN_CHARS`` through
+    tiktoken's ``encode_to_numpy`` (the same IDs as ``encode_ordinary``, never made Python ints)."""
+    if isinstance(tok, KimiTokenizer):
+        to_numpy = tok.encoding.encode_to_numpy
+        return lambda text: (to_numpy(text, disallowed_special=()).tobytes() if len(text) <= MAX_RUN_CHARS
+                             else _int32_bytes(plain(text)))
+    return lambda text: _int32_bytes(plain(text))
 
 
 def _plain_encoder(tok: Tokenizer, continuation: bool = False) -> Callable[[str], list[int]]:

@@ -49,7 +49,8 @@ def loaded(options: BatchOptions) -> tuple[Tokenizer, Format, PieceEncoder]:
     """The tokenizer, format and encoder of ``options``, loaded once per process."""
     if options not in _LOADED:
         tok = load_tokenizer(options.tokenizer_dir)
-        _LOADED[options] = (tok, get_format(options.format_name, tok, options.tool_declaration), PieceEncoder(tok))
+        _LOADED[options] = (tok, get_format(options.format_name, tok, options.tool_declaration),
+                            PieceEncoder(tok, packed=True))  # rows go straight to Arrow: IDs stay packed
     return _LOADED[options]
 
 

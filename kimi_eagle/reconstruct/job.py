@@ -346,7 +346,7 @@ _W: dict[str, Any] = {}  # per-process worker state: tokenizer, its encoder, for
 def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions, parts: str,
                  tok: Any = None) -> None:
     tok = tok or load_tokenizer(tokenizer_dir)
-    _W.update(tok=tok, encoder=PieceEncoder(tok), fmt=get_format(format_name, tok, tool_declaration), options=options,
+    _W.update(tok=tok, encoder=PieceEncoder(tok, packed=True), fmt=get_format(format_name, tok, tool_declaration), options=options,
               parts=Path(parts))
 
 

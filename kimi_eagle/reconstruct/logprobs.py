@@ -103,6 +103,7 @@ def prefer_logprob_ids(response: Any, tok: Tokenizer, text_ids: list[int],
         ids = logprob_ids(entries, tok)
     except LogprobError:
         return text_ids, spans, "text", ["logprobs_unreadable"]
+    text_ids = text_ids.tolist() if hasattr(text_ids, "tolist") else text_ids  # a packing encoder's numpy IDs
     rendered = b"".join(tok.token_bytes(i) for i in text_ids)
     got = b"".join(tok.token_bytes(i) for i in ids)
     if got != rendered and text_ids and text_ids[-1] in tok.special_ids and (ids[-1:] != text_ids[-1:]):
