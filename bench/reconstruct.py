@@ -155,7 +155,7 @@ def run_child(src: Path, warm: Path, workers: list[int], repeats: int, tmp: Path
 # stage costs and the scaling model
 
 
-WHERE = {"scan + sha256": "scan thread", "read lines": "worker", "JSON parse": "worker", "reconstruct": "worker",
+WHERE = {"scan + hash": "scan thread", "read lines": "worker", "JSON parse": "worker", "reconstruct": "worker",
          "row dicts": "worker", "Arrow columns": "worker", "shard info": "worker", "IPC shard write": "worker*",
          "IPC shard read": "parent", "duplicates": "parent", "parquet write": "writer thread"}
 
@@ -182,7 +182,7 @@ def stage_costs(src: Path, tok, fmt) -> dict[str, float]:
     J.rows_table([])  # pyarrow's first conversion imports pandas: not a cost of the steps
     c = time.process_time()  # the scan runs in threads: the process's CPU time while it alone runs
     _, starts, _ = J._shard_starts(src, 256)
-    t["scan + sha256"] = time.process_time() - c
+    t["scan + hash"] = time.process_time() - c
     ends = [o for o, _ in starts[1:]] + [src.stat().st_size]
     enc, first = PieceEncoder(tok), {}
     with tempfile.TemporaryDirectory() as d, pq.ParquetWriter(Path(d) / "o.parquet", J.reconstruction_schema(),
@@ -308,7 +308,7 @@ def model(costs: dict, n_small: int, base: dict, big: dict, records: int) -> Non
     per = {k: v / n_small for k, v in costs.items()}
     per_record = {"worker": sum(per[k] for k, where in WHERE.items() if where.startswith("worker")),
                   "parent": per["IPC shard read"] + per["duplicates"], "writer": per["parquet write"],
-                  "scan": per["scan + sha256"]}
+                  "scan": per["scan + hash"]}
     one_shard = base["one_shard_s"]  # the first run's own work is not start-up:
     fixed = {"start": base["load_s"] + max(base["warm_s"] - BASE * per_record["worker"], 0.0), "per_worker": base["fork_s"],
              "pool": max(one_shard["2"] - one_shard["1"] - 2 * base["fork_s"], 0.0), "tail": per["parquet write"] * 256}

@@ -165,6 +165,15 @@ def test_killed_run_resumes_to_the_uninterrupted_result(sharegpt_records, tmp_pa
     assert not parts.exists()
 
 
+def test_resume_names_a_manifest_an_older_version_wrote(sharegpt_records, tmp_path):
+    out = tmp_path / "o.parquet"
+    parts = tmp_path / "o.parquet.parts"
+    parts.mkdir()
+    (parts / "manifest.json").write_text(json.dumps({"sha256": "0" * 64, "format": "kimi-k2.5"}))
+    with pytest.raises(ValueError, match="older kimi-eagle .a SHA-256 manifest.; run again without --resume"):
+        reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", JobOptions(resume=True, progress=False))
+
+
 def test_resume_refuses_changed_settings(sharegpt_records, tmp_path):
     out = tmp_path / "o.parquet"
     parts = tmp_path / "o.parquet.parts"

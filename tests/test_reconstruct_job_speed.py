@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import xxhash
 
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.io import UTF8_BOM, fast_loads, iter_raw_lines, parse_line
@@ -41,6 +42,21 @@ def test_record_scan_cuts_lines_as_iter_raw_lines_at_every_chunk_size(name):
     want = reference_starts(data)
     for chunk in (1, 2, 3, 5, 7, 64, 1 << 20):  # a CR or CRLF falls on every chunk boundary at some size
         assert list(J.record_starts(io.BytesIO(data), chunk)) == want, chunk
+
+
+def test_record_scan_agrees_with_iter_raw_lines_on_random_line_mixes():
+    """The numpy scan of LF-only chunks and the line-by-line scan of CR chunks, on 300 seeded random files of
+    records, blank and whitespace lines, lone byte-order marks and unended last lines, at chunk sizes that cut
+    every line somewhere."""
+    import random
+
+    rng = random.Random(28)
+    lines, ends = [REC, b"", b" ", b"\t", b"x", UTF8_BOM, b"[1]", b"{", UTF8_BOM + REC], [b"\n", b"\r\n", b"\r"]
+    for trial in range(300):
+        eol = (lambda: b"\n") if trial % 2 else (lambda: rng.choice(ends))
+        data = b"".join(rng.choice(lines) + eol() for _ in range(rng.randrange(40))) + rng.choice([b"", REC, b" "])
+        for chunk in (1, 2, 3, 7, 64, 1 << 20):
+            assert list(J.record_starts(io.BytesIO(data), chunk)) == reference_starts(data), (data, chunk)
 
 
 @pytest.mark.parametrize("name", TRICKY)
@@ -109,6 +125,7 @@ def test_fresh_run_writes_the_manifest_the_resume_checks(tmp_path, workers, monk
     counts = J.reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", job)
     _, _, sha = J._shard_starts(src, 3)
     assert json.loads(seen["manifest"]) == J._manifest(src, sha, str(kimi_dir()), "kimi-k2.5", job)
+    assert json.loads(seen["manifest"])["xxh3_128"] == xxhash.xxh3_128(src.read_bytes()).hexdigest()
     assert seen["manifest"] == json.dumps(json.loads(seen["manifest"]), indent=1, ensure_ascii=False)
     duplicates = sum(1 for e in counts.errors if "duplicate id" in e)
     assert sum(counts.values()) == 41 and duplicates > 0 and counts["error"] == 1 + duplicates
