@@ -5,7 +5,9 @@ with distinct ids (``id#copy``) to ``--records`` (default 100,000) and to ``--sm
   bare tiktoken : ``tiktoken.Encoding.encode`` of the completion strings of the small set
   in process    : ``reconstruct_record`` over the already-parsed small set (full rows: prompt rendering and
                   encoding included; fresh encoder cache) -- the baseline of issue #28; also run under the
-                  job's raised GC threshold (``fewer_collections``): what that setting alone gives the core
+                  job's raised GC threshold (``fewer_collections``): what that setting alone gives the core;
+                  the ratios take it as measured inside each child, between its file jobs, on the same records
+                  (parsed 10,000 at a time, the parse untimed): both sides under the same machine load
   1 / N workers : ``reconstruct_file`` end to end (JSONL in, parquet out), in a child process that has loaded
                   the tokenizer and warmed up on 1,000 records; one child per input size, so its peak RSS is
                   the memory of that size (1,000 records: the base; the small set 10x, the big set 100x);
@@ -17,7 +19,7 @@ the wall ratio becomes when a spare core runs the job's helper threads (scan + h
 Stage costs: the job's steps timed one by one (CPU, per shard as the job runs them) on the small set, with
 the thread or process each runs in; they feed the scaling model printed last (docs/scale.md).
 Targets: 1 worker >= 0.8x in process; N workers >= 0.85*N x 1 worker (N = 2), at the big set and at 10,000.
-Usage: python bench/reconstruct.py [--records 100000] [--small 10000] [--repeats 2] [--big-repeats 1] [--workers 2]
+Usage: python bench/reconstruct.py [--records 100000] [--small 10000] [--repeats 3] [--big-repeats 2] [--workers 2]
 """
 from __future__ import annotations
 
@@ -82,8 +84,10 @@ def timed(fn) -> tuple[float, float, float]:
 
 def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path, gc_compare: bool = False) -> dict:
     """Load the tokenizer, warm up on ``warm``, then time ``reconstruct_file`` on ``src`` for each worker
-    count (interleaved, ``repeats`` times; ``gc_compare``: also 1 worker at the collector's default threshold);
-    also the start-up of a pool on one shard. Peak RSS included."""
+    count (interleaved, ``repeats`` times; ``gc_compare``: also 1 worker at the collector's default threshold),
+    each repeat followed by the in-process path on the same records (:func:`in_process_seconds`: the ratio's
+    two sides measured side by side, in one process); also the start-up of a pool on one shard. Peak RSS: of
+    the first repeat's file jobs (before the in-process path holds parsed records)."""
     from kimi_eagle.reconstruct import job as J
     from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
     from kimi_eagle.tokenize.tokenizer import KimiTokenizer
@@ -100,8 +104,8 @@ def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path
     reset = Path("/proc/self/clear_refs")  # Linux: writing 5 resets the peak RSS (VmHWM) to the current RSS
     if reset.exists():
         reset.write_text("5")
-    runs: dict[str, list] = {str(n): [] for n in [*workers, *(["1, default GC"] if gc_compare else [])]}
-    tuned = J.fewer_collections
+    runs: dict[str, list] = {str(n): [] for n in [*workers, *(["1, default GC"] if gc_compare else []), "in process"]}
+    tuned, peak = J.fewer_collections, None
     for _ in range(repeats):
         for n in workers:
             runs[str(n)].append(timed(job(src, n)))
@@ -111,12 +115,31 @@ def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path
                 runs["1, default GC"].append(timed(job(src, 1)))
             finally:
                 J.fewer_collections = tuned
+        peak = peak_rss_mb() if peak is None else peak  # the file jobs' (the load and warm-up excluded where Linux can)
+        runs["in process"].append(in_process_seconds(src, tok))
     one = out_dir / f"one-shard-{os.getpid()}.jsonl"
     one.write_bytes(b"".join(warm.read_bytes().splitlines(keepends=True)[:256]))
-    peak = peak_rss_mb()  # of the timed runs only (the tokenizer's load and the warm-up excluded where Linux can)
     startup = {str(n): min(timed(job(one, n))[0] for _ in range(3)) for n in (1, 2)}
     return {"runs": runs, "load_s": load_s, "warm_s": warm_s, "one_shard_s": startup, "fork_s": fork_seconds(),
             "rss_mb": peak, "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def in_process_seconds(src: Path, tok) -> tuple[float, float, float]:
+    """``(wall, CPU, main-thread CPU)`` of ``reconstruct_record`` over the records of ``src`` with one fresh
+    encoder, as "in process" runs (the collector's default threshold), parsed 10,000 records at a time
+    outside the timed part."""
+    import itertools
+
+    from kimi_eagle.chat.encoder import PieceEncoder
+    from kimi_eagle.chat.formats import get_format
+    from kimi_eagle.reconstruct.record import reconstruct_record
+
+    fmt, enc, total = get_format("kimi-k2.5"), PieceEncoder(tok), (0.0, 0.0, 0.0)
+    with open(src, "rb") as f:
+        while chunk := [json.loads(line) for line in itertools.islice(f, 10_000)]:
+            part = timed(lambda: [reconstruct_record(r, tok, fmt, encoder=enc) and None for r in chunk])
+            total = tuple(a + b for a, b in zip(total, part))
+    return total
 
 
 def peak_rss_mb() -> float:
@@ -184,7 +207,7 @@ def stage_costs(src: Path, tok, fmt) -> dict[str, float]:
     _, starts, _ = J._shard_starts(src, 256)
     t["scan + hash"] = time.process_time() - c
     ends = [o for o, _ in starts[1:]] + [src.stat().st_size]
-    enc, first = PieceEncoder(tok), {}
+    enc, first = PieceEncoder(tok, packed=True), {}  # the job's encoder: IDs packed for the Arrow columns
     with tempfile.TemporaryDirectory() as d, pq.ParquetWriter(Path(d) / "o.parquet", J.reconstruction_schema(),
                                                               use_dictionary=False) as writer, J.fewer_collections():
         for k, ((offset, lineno), end) in enumerate(zip(starts, ends)):
@@ -270,6 +293,8 @@ def best_of(runs: list) -> list[float]:
 def report(args, base: dict, inproc: dict, n_tokens: int, n_small: int, children: dict, costs: dict) -> None:
     n, big, small = args.workers, children["big"], children["small"]
     rate = {name: [n_small / v for v in inproc[name]] for name in ("in process", TUNED)}
+    rate["in process @big, beside the jobs"] = [args.records / v for v in best_of(big["runs"]["in process"])]
+    rate["in process @small, beside"] = [n_small / v for v in best_of(small["runs"]["in process"])]
     for label, c, size in (("", big, args.records), (" @small", small, n_small)):
         for w in ("1", str(n)):
             rate[f"{w} worker{'s' if w != '1' else ''}{label}"] = [size / v for v in best_of(c["runs"][w])]
@@ -280,10 +305,12 @@ def report(args, base: dict, inproc: dict, n_tokens: int, n_small: int, children
         main = f"  {m:9,.0f} records/s of main-thread CPU" if name.startswith("1 ") else ""
         print(f"{name:26s}: {w:9,.0f} records/s wall  {c:9,.0f} records/s of CPU{main}")
     one, one_small, nw, nw_small = "1 worker", "1 worker @small", f"{n} workers", f"{n} workers @small"
-    print(f"1 worker / in process      : wall {rate[one][0] / rate['in process'][0]:.2f} (big), "
-          f"{rate[one_small][0] / rate['in process'][0]:.2f} (small, the same records); main-thread CPU / in-process CPU "
-          f"{rate[one][2] / rate['in process'][1]:.2f} (big), {rate[one_small][2] / rate['in process'][1]:.2f} (small)"
-          f"  (target >= 0.8); against the in-process path run with the job's GC threshold: main-thread CPU "
+    big_in, small_in = rate["in process @big, beside the jobs"], rate["in process @small, beside"]
+    print(f"1 worker / in process      : wall {rate[one][0] / big_in[0]:.2f} (big), "
+          f"{rate[one_small][0] / small_in[0]:.2f} (small; each against the in-process path on the same records, "
+          f"run between the jobs); main-thread CPU / in-process CPU {rate[one][2] / big_in[1]:.2f} (big), "
+          f"{rate[one_small][2] / small_in[1]:.2f} (small)"
+          f"  (target >= 0.8); against the in-process path run first with the job's GC threshold: main-thread CPU "
           f"{rate[one_small][2] / rate[TUNED][1]:.2f} (small)")
     default_gc = [n_small / v for v in best_of(small["runs"]["1, default GC"])]
     print(f"1 worker @small at the collector's default threshold: {default_gc[2]:,.0f} records/s of main-thread CPU "
@@ -332,8 +359,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--small", type=int, default=SMALL)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--big-repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--big-repeats", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--warm", type=Path, help=argparse.SUPPRESS)

@@ -343,6 +343,8 @@ def _read_shard(path: Path, offset: int, lineno: int, shard_size: int, end: int 
         data = f.read(end - offset) if end is not None else None
         if data is not None and b"\r" not in data:
             raws: Iterable[bytes] = data.split(b"\n")  # the piece after the last LF is empty or the unended last line
+            if lineno > 1 and not raws[-1] and len(raws) <= shard_size + 1 and all(r[:1] == b"{" for r in raws[:-1]):
+                return list(zip(range(lineno, lineno + len(raws) - 1), raws[:-1]))  # every line a record: none to skip
         else:
             raws = (raw for _, raw in iter_raw_lines(f if data is None else io.BytesIO(data), offset))
         for raw in raws:

@@ -29,7 +29,7 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
 from kimi_eagle.chat.serving import PROFILES, ServingProfile, preprocess_request
-from kimi_eagle.io import loads_exact, parse_line
+from kimi_eagle.io import fast_loads, loads_exact, parse_line
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
 from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
@@ -375,23 +375,34 @@ def reconstruct_line(raw: bytes, lineno: int, tok: Tokenizer, fmt: Format, optio
 
     One row, unless the line holds several JSON values: then one error row per value.
     """
+    ok, obj = fast_loads(raw)  # the common case, decided as parse_line decides it (without its Line)
+    if ok:
+        return [_row(obj, lineno, (tok, fmt, options, encoder))]
     lines = parse_line(raw, lineno)
     rows = []
     for k, line in enumerate(lines, 1):
-        value = k if len(lines) > 1 else None
         if line.error:
-            row = error_row(record_id(line.partial, lineno, value), line.error, fmt.name, line.partial)
+            row = error_row(record_id(line.partial, lineno, k if len(lines) > 1 else None), line.error, fmt.name,
+                            line.partial).to_dict()
+            row["line"] = lineno
         else:
-            try:
-                row = reconstruct_record(line.obj, tok, fmt, options, encoder)
-            except RecordError as e:
-                row = error_row(record_id(line.obj, lineno), str(e), fmt.name, line.obj)
-            except Exception as e:  # a record the checks did not foresee must not stop the run
-                row = error_row(record_id(line.obj, lineno), f"unexpected {type(e).__name__}: {e}", fmt.name, line.obj)
-        d = row.to_dict()
-        d["line"] = lineno
-        rows.append(d)
+            row = _row(line.obj, lineno, (tok, fmt, options, encoder))
+        rows.append(row)
     return rows
+
+
+def _row(record: Any, lineno: int, how: tuple[Tokenizer, Format, CompletionOptions, PieceEncoder | None]) -> dict[str, Any]:
+    """The row dict of a parsed record at line ``lineno``: reconstructed, or its error row naming why."""
+    tok, fmt, options, encoder = how
+    try:
+        row = reconstruct_record(record, tok, fmt, options, encoder)
+    except RecordError as e:
+        row = error_row(record_id(record, lineno), str(e), fmt.name, record)
+    except Exception as e:  # a record the checks did not foresee must not stop the run
+        row = error_row(record_id(record, lineno), f"unexpected {type(e).__name__}: {e}", fmt.name, record)
+    d = row.to_dict()
+    d["line"] = lineno
+    return d
 
 
 # --------------------------------------------------------------------------------------------
