@@ -97,8 +97,12 @@ def child(src: Path, warm: Path, workers: list[int], repeats: int, out_dir: Path
     load_s = time.perf_counter() - t
 
     def job(path: Path, n: int):
-        return lambda: reconstruct_file(path, out_dir / f"out-{os.getpid()}-{n}.parquet", kimi_dir(), "kimi-k2.5",
-                                        JobOptions(workers=n, progress=False), tokenizer=tok)
+        """The timed call; the last run's output removed first (untimed): every run writes a new file, as a first
+        run does, instead of replacing one (the file system frees the replaced file's blocks inside the rename)."""
+        out = out_dir / f"out-{os.getpid()}-{n}.parquet"
+        out.unlink(missing_ok=True)
+        return lambda: reconstruct_file(path, out, kimi_dir(), "kimi-k2.5", JobOptions(workers=n, progress=False),
+                                        tokenizer=tok)
 
     warm_s = timed(job(warm, 1))[0]
     reset = Path("/proc/self/clear_refs")  # Linux: writing 5 resets the peak RSS (VmHWM) to the current RSS

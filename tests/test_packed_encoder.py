@@ -115,3 +115,20 @@ def test_the_id_column_takes_int32_arrays_as_they_are_and_converts_anything_else
     assert int_list_array(lists, pa.int64()).equals(want.cast(pa.list_(pa.int64())))
     with pytest.raises(OverflowError):
         int_list_array([np.array([2**31], dtype=np.int64)], pa.int32())
+
+
+def test_without_tiktokens_token_buffer_the_public_numpy_call_gives_the_same_bytes(kimi):
+    """The packed runs come from tiktoken's token buffer when it has one, else from ``encode_to_numpy``."""
+    import copy
+    from types import SimpleNamespace
+
+    from kimi_eagle.chat.encoder import _packed_encoder
+
+    texts = ["Paris is sunny.", "Ünïcödé — 日本語 🙂", "<|im_end|> as text", " " * 40 + "x"]
+    fast = _packed_encoder(kimi, kimi.encoding.encode_ordinary)
+    public_only = copy.copy(kimi)
+    public_only._encoding = SimpleNamespace(encode_to_numpy=kimi.encoding.encode_to_numpy, _core_bpe=object())
+    slow = _packed_encoder(public_only, kimi.encoding.encode_ordinary)
+    for text in texts:
+        want = np.array(kimi.encoding.encode_ordinary(text), dtype=np.int32).tobytes()
+        assert fast(text) == slow(text) == want, text

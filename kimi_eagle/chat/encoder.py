@@ -320,12 +320,17 @@ def _int32_bytes(ids: Sequence[int]) -> bytes:
 
 def _packed_encoder(tok: Tokenizer, plain: Callable[[str], list[int]]) -> Callable[[str], bytes]:
     """A function giving what ``plain`` gives as int32 bytes: for Kimi, texts up to ``MAX_RUN_CHARS`` through
-    tiktoken's ``encode_to_numpy`` (the same IDs as ``encode_ordinary``, never made Python ints)."""
-    if isinstance(tok, KimiTokenizer):
-        to_numpy = tok.encoding.encode_to_numpy
-        return lambda text: (to_numpy(text, disallowed_special=()).tobytes() if len(text) <= MAX_RUN_CHARS
-                             else _int32_bytes(plain(text)))
-    return lambda text: _int32_bytes(plain(text))
+    tiktoken's token buffer (what ``encode_to_numpy`` wraps, called without its Python layer when the installed
+    tiktoken has it: the same IDs as ``encode_ordinary``, never made Python ints; tests/test_packed_encoder.py)."""
+    if not isinstance(tok, KimiTokenizer):
+        return lambda text: _int32_bytes(plain(text))
+    core = getattr(tok.encoding, "_core_bpe", None)
+    if hasattr(core, "encode_to_tiktoken_buffer") and tok.n_vocab <= 2**31:
+        buffer, no_specials = core.encode_to_tiktoken_buffer, frozenset()  # uint32 IDs; every ID < 2**31
+        return lambda text: bytes(buffer(text, no_specials)) if len(text) <= MAX_RUN_CHARS else _int32_bytes(plain(text))
+    to_numpy = tok.encoding.encode_to_numpy
+    return lambda text: (to_numpy(text, disallowed_special=()).tobytes() if len(text) <= MAX_RUN_CHARS
+                         else _int32_bytes(plain(text)))
 
 
 def _plain_encoder(tok: Tokenizer, continuation: bool = False) -> Callable[[str], list[int]]:
