@@ -179,3 +179,51 @@ def test_a_run_raises_the_collector_threshold_and_restores_it(tmp_path, monkeypa
     with pytest.raises(J.NothingToProcess):  # restored when the run fails too
         J.reconstruct_file(empty, tmp_path / "b.parquet", kimi_dir(), "kimi-k2.5", J.JobOptions(progress=False))
     assert [t[0] for t in seen] == [max(before[0], 20_000)] * 2 and gc.get_threshold() == before
+
+
+def test_a_second_run_with_workers_reuses_the_kept_pool_and_writes_the_same_rows(tmp_path, kimi):
+    """Start-up amortised: a run with workers keeps its pool for the next run with the same tokenizer object and
+    settings; a failed run terminates its pool, another tokenizer gets a new one, and ``close_worker_pools``
+    ends it. Every run's rows equal the one-worker run's."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_records(40, dup_every=7))
+    job = J.JobOptions(workers=2, shard_size=3, progress=False)
+    want = (J.reconstruct_file(src, tmp_path / "one.parquet", kimi_dir(), "kimi-k2.5",
+                               J.JobOptions(shard_size=3, progress=False), tokenizer=kimi), (tmp_path / "one.parquet").read_bytes())
+    J.close_worker_pools()
+    pools = []
+    for k in range(2):
+        out = tmp_path / f"two-{k}.parquet"
+        counts = J.reconstruct_file(src, out, kimi_dir(), "kimi-k2.5", job, tokenizer=kimi)
+        assert (counts, out.read_bytes()) == want
+        pools.append(J._POOL["kept"][2])
+    assert pools[0] is pools[1]
+    parts = tmp_path / "bad.parquet.parts"
+    parts.mkdir()
+    (parts / "manifest.json").write_text("{}")
+    with pytest.raises(ValueError, match="cannot resume"):
+        J.reconstruct_file(src, tmp_path / "bad.parquet", kimi_dir(), "kimi-k2.5",
+                           J.JobOptions(workers=2, shard_size=3, progress=False, resume=True), tokenizer=kimi)
+    assert "kept" not in J._POOL and pools[0]._state != "RUN"  # the failed run's pool was terminated
+    J.reconstruct_file(src, tmp_path / "three.parquet", kimi_dir(), "kimi-k2.5", job, tokenizer=kimi)
+    J.reconstruct_file(src, tmp_path / "four.parquet", kimi_dir(), "kimi-k2.5", job)  # its own tokenizer: a new pool
+    assert J._POOL["kept"][2] is not pools[0] and (tmp_path / "four.parquet").read_bytes() == want[1]
+    kept = J._POOL["kept"][2]
+    J.close_worker_pools()
+    assert "kept" not in J._POOL and kept._state != "RUN"
+
+
+def test_a_workers_first_shard_of_a_run_starts_a_fresh_encoder(tmp_path, kimi):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_records(6))
+    J._init_worker(str(kimi_dir()), "kimi-k2.5", "json", J.JobOptions().completion, kimi)
+    try:
+        shard = (0, str(src), 0, 1, 3, None)
+        J._run_shard((shard, str(tmp_path), "run-a"))
+        first = J._W["encoder"]
+        J._run_shard(((1, *shard[1:]), str(tmp_path), "run-a"))
+        assert J._W["encoder"] is first  # the same run: its cache goes on
+        J._run_shard(((2, *shard[1:]), str(tmp_path), "run-b"))
+        assert J._W["encoder"] is not first and (tmp_path / J.shard_name(2)).is_file()
+    finally:
+        J._W.clear()

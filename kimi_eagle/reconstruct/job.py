@@ -19,6 +19,9 @@ import os
 import re
 import shutil
 import sys
+import threading
+import uuid
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -374,14 +377,14 @@ class ShardInfo:
         return cls(ids, lines, statuses, [e for e in errors if e])
 
 
-_W: dict[str, Any] = {}  # per-process worker state: tokenizer, its encoder, format, options, parts dir
+_W: dict[str, Any] = {}  # per-process worker state: tokenizer, its encoder, format, options, the run it serves
 
 
-def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions, parts: str,
+def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions,
                  tok: Any = None) -> None:
     tok = tok or load_tokenizer(tokenizer_dir)
-    _W.update(tok=tok, encoder=PieceEncoder(tok, packed=True), fmt=get_format(format_name, tok, tool_declaration), options=options,
-              parts=Path(parts))
+    _W.update(tok=tok, encoder=PieceEncoder(tok, packed=True), fmt=get_format(format_name, tok, tool_declaration),
+              options=options, run=None)
 
 
 def shard_name(k: int) -> str:
@@ -408,10 +411,15 @@ def _shard_table(job: tuple[int, str, int, int, int, int | None]) -> "Any":
     return lines_table(lines, _W["tok"], _W["fmt"], _W["options"], _W["encoder"])
 
 
-def _run_shard(job: tuple[int, str, int, int, int, int | None]) -> tuple[int, ShardInfo]:
-    """A pool worker's step: one shard reconstructed and written to ``OUT.parts/`` as Arrow IPC."""
+def _run_shard(task: tuple[tuple[int, str, int, int, int, int | None], str, str]) -> tuple[int, ShardInfo]:
+    """A pool worker's step: one shard (``task``: the shard, the run's ``OUT.parts/`` folder, the run's token)
+    reconstructed and written there as Arrow IPC. A worker's first shard of a run starts a fresh encoder, as
+    the run in one process does (a reused pool's workers carry no cache from an earlier run)."""
+    job, parts, run = task
+    if _W["run"] != run:
+        _W.update(run=run, encoder=PieceEncoder(_W["tok"], packed=True))
     table = _shard_table(job)
-    write_shard(table, _W["parts"] / shard_name(job[0]))
+    write_shard(table, Path(parts) / shard_name(job[0]))
     return job[0], ShardInfo.of(table)
 
 
@@ -629,10 +637,10 @@ def _reconstruct_locked(in_path: Path, out_path: Path, tokenizer_dir: str | os.P
     The input is scanned in a thread (record count, shard starts, hash) while the first shards are
     reconstructed; a resumed run waits for the whole scan, whose hash must match the manifest's.
     """
-    parts = out_path.with_name(out_path.name + ".parts")
     with contextlib.ExitStack() as stack:
-        # the workers are forked first, while this process runs no other thread (the scan's and the writer's)
-        pool = stack.enter_context(_start_pool(parts, (str(tokenizer_dir), format_name), job, tok)) if job.workers > 1 else None
+        # the workers are forked first (or kept from the last run), while this process runs no other thread of
+        # this run (the scan's and the writer's)
+        pool = stack.enter_context(_worker_pool((str(tokenizer_dir), format_name), job, tok)) if job.workers > 1 else None
         return _scan_and_run(in_path, out_path, (str(tokenizer_dir), format_name), job, (tok, pool))
 
 
@@ -668,7 +676,7 @@ def _scan_and_run(in_path: Path, out_path: Path, where: tuple[str, str], job: Jo
     run.bar = tqdm(total=None, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)
     with atomic_path(out_path) as tmp, _Merger(parts, tmp) as merger:
         if pool is None:
-            _init_worker(tokenizer_dir, format_name, job.tool_declaration, job.completion, str(parts), tok)
+            _init_worker(tokenizer_dir, format_name, job.tool_declaration, job.completion, tok)
             try:
                 run.in_process(merger)
             finally:  # the run's encoder and its cache go with the run (a later pool's forks never free them)
@@ -681,22 +689,63 @@ def _scan_and_run(in_path: Path, out_path: Path, where: tuple[str, str], job: Jo
     return StatusCounts(merger.counts, merger.errors)
 
 
-def _start_pool(parts: Path, where: tuple[str, str], job: JobOptions, tok: Tokenizer) -> Any:
+def _start_pool(where: tuple[str, str], job: JobOptions, tok: Tokenizer) -> Any:
     """``job.workers`` worker processes, forked where the platform can (the loaded tokenizer inherited), each
-    initialised for ``where`` (tokenizer folder, format name) and writing its shards to ``parts``; a context
-    manager that terminates them."""
+    initialised for ``where`` (tokenizer folder, format name) and the job's tool declaration and options."""
     import gc
     import multiprocessing as mp
 
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
     fork = ctx.get_start_method() == "fork"
-    init_args = (*where, job.tool_declaration, job.completion, str(parts), tok if fork else None)
+    init_args = (*where, job.tool_declaration, job.completion, tok if fork else None)
     rows_table([])  # pyarrow imports pandas on its first conversion: once here, not once per worker
     gc.freeze()  # forked workers then never touch the parent's objects for the collector (no copy-on-write)
     try:
         return ctx.Pool(job.workers, _init_worker, init_args)
     finally:
         gc.unfreeze()
+
+
+_POOL: dict[str, tuple[Any, Any, Any]] = {}  # "kept": (settings, weak reference to the tokenizer, pool)
+_POOL_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _worker_pool(where: tuple[str, str], job: JobOptions, tok: Tokenizer) -> Iterator[Any]:
+    """The workers of a run: the pool the previous run kept when it was made for this same tokenizer object and
+    settings (the forks and the workers' first copies of inherited memory are paid once a process, not once a
+    run), else a new one (:func:`_start_pool`). Kept for the next run when this one ends normally (one pool at a
+    time; :func:`close_worker_pools` ends it), terminated when it fails."""
+    import multiprocessing.pool as mpp
+
+    settings = (*where, job.tool_declaration, job.completion, job.workers)
+    with _POOL_LOCK:
+        kept = _POOL.pop("kept", None)  # taken: a run beside this one makes a pool of its own
+    if kept is not None and kept[0] == settings and kept[1]() is tok and getattr(kept[2], "_state", None) == mpp.RUN:
+        pool = kept[2]
+    else:
+        if kept is not None:
+            kept[2].terminate()
+        pool = _start_pool(where, job, tok)
+    try:
+        yield pool
+    except BaseException:
+        pool.terminate()
+        raise
+    with _POOL_LOCK:
+        other = _POOL.pop("kept", None)
+        _POOL["kept"] = (settings, weakref.ref(tok), pool)
+    if other is not None:
+        other[2].terminate()
+
+
+def close_worker_pools() -> None:
+    """End the worker processes a ``reconstruct_file`` run with workers kept for the next one (they also end
+    with this process)."""
+    with _POOL_LOCK:
+        kept = _POOL.pop("kept", None)
+    if kept is not None:
+        kept[2].terminate()
 
 
 class _FileRun:
@@ -708,13 +757,13 @@ class _FileRun:
         self.done: set[int] = set()
         self.bar: Any = None
 
-    def jobs(self) -> Iterator[tuple[int, str, int, int, int, int | None]]:
-        """The shards still to make, as they are found by the scan."""
-        k = 0
+    def jobs(self) -> Iterator[tuple[tuple[int, str, int, int, int, int | None], str, str]]:
+        """The shards still to make, as they are found by the scan, as pool tasks (see :func:`_run_shard`)."""
+        k, run = 0, uuid.uuid4().hex
         while (shard := self.scan.shard(k)) is not None:
             if k not in self.done:
                 offset, lineno, end = shard
-                yield k, str(self.in_path), offset, lineno, self.job.shard_size, end
+                yield (k, str(self.in_path), offset, lineno, self.job.shard_size, end), str(self.parts), run
             k += 1
 
     def _merged(self, merger: _Merger, k: int, table: Any = None, info: ShardInfo | None = None) -> None:
