@@ -227,3 +227,21 @@ def test_a_workers_first_shard_of_a_run_starts_a_fresh_encoder(tmp_path, kimi):
         assert J._W["encoder"] is not first and (tmp_path / J.shard_name(2)).is_file()
     finally:
         J._W.clear()
+
+
+def test_a_tokenizer_without_weak_references_runs_with_workers_and_keeps_no_pool(tmp_path, kimi):
+    class Slotted:  # a tokenizer wrapper with __slots__ and no __weakref__
+        __slots__ = ("inner",)
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_records(9))
+    J.close_worker_pools()
+    counts = J.reconstruct_file(src, tmp_path / "o.parquet", kimi_dir(), "kimi-k2.5",
+                                J.JobOptions(workers=2, shard_size=3, progress=False), tokenizer=Slotted(kimi))
+    assert counts == {"ok": 9, "error": 1} and "kept" not in J._POOL

@@ -732,9 +732,14 @@ def _worker_pool(where: tuple[str, str], job: JobOptions, tok: Tokenizer) -> Ite
     except BaseException:
         pool.terminate()
         raise
+    try:
+        ref = weakref.ref(tok)
+    except TypeError:  # a tokenizer without weak references: its pool is not kept
+        pool.terminate()
+        return
     with _POOL_LOCK:
         other = _POOL.pop("kept", None)
-        _POOL["kept"] = (settings, weakref.ref(tok), pool)
+        _POOL["kept"] = (settings, ref, pool)
     if other is not None:
         other[2].terminate()
 
