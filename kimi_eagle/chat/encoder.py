@@ -24,9 +24,10 @@ class PieceEncoder:
     The cache maps a plain run to its IDs; multi-turn prompts repeat their history runs, so a
     conversation's prompts cost little more than its new text.
 
-    ``packed``: :meth:`encode_marked` (a prompt) returns its IDs as a numpy ``int32`` array instead of a list,
-    joined from the runs' packed IDs (tiktoken's buffer: no Python int is made for them). For a consumer that
-    only stores the IDs (a file job's Arrow column); everything else gets lists.
+    ``packed``: :meth:`encode_marked` (a prompt) and the common case of :meth:`encode_segments_marked` (a
+    completion) return their IDs as a numpy ``int32`` array instead of a list, joined from the runs' packed IDs
+    (tiktoken's buffer: no Python int is made for them). For a consumer that only stores the IDs (a file job's
+    Arrow column); everything else gets lists.
     """
 
     def __init__(self, tok: Tokenizer, cache_entries: int = 8192, packed: bool = False) -> None:

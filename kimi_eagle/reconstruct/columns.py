@@ -37,12 +37,12 @@ def int_list_array(lists: Sequence[Sequence[int]], value_type: Any) -> Any:
     code = _INT_CODES[str(value_type)]
     wanted = np.dtype(np.int32 if code == "i" else np.int64)
     try:  # struct packs a list of ints in C at about 10 ns an int (numpy or array.array take 2-3x that);
-        # a numpy array of the column's type (a packing encoder's prompt IDs) is taken as it is
+        # a numpy array of the column's type (a packing encoder's prompt and completion IDs) is taken as it is
         flat = b"".join([ids if type(ids) is np.ndarray and ids.dtype == wanted and ids.ndim == 1
                          else struct.pack(f"={len(ids)}{code}", *ids) for ids in lists])
     except struct.error as e:  # a non-integer, or an integer beyond the type
         raise OverflowError(f"cannot store an ID as {value_type}: {e}") from None
-    values = pa.array(np.frombuffer(flat, dtype=np.int32 if code == "i" else np.int64), type=value_type)
+    values = pa.array(np.frombuffer(flat, dtype=wanted), type=value_type)
     return pa.ListArray.from_arrays(_offsets([len(ids) for ids in lists]), values)
 
 

@@ -271,7 +271,6 @@ class _Scan:
     input's hash (:func:`_shard_starts`). Work on the first shards starts while the scan goes on."""
 
     def __init__(self, path: Path, shard_size: int) -> None:
-        import threading
 
         self.path, self.shard_size = path, shard_size
         self.starts: list[tuple[int, int]] = []
@@ -475,7 +474,6 @@ class _Merger:
 
     def __init__(self, parts: Path, path: Path) -> None:
         import queue
-        import threading
 
         import pyarrow.parquet as pq
 
@@ -790,7 +788,7 @@ class _FileRun:
             k += 1
 
     def pool(self, merger: _Merger, pool: Any) -> None:
-        """Shards made by the workers of ``pool`` (:func:`_start_pool`), merged in order."""
+        """Shards made by the workers of ``pool`` (:func:`_worker_pool`), merged in order."""
         results = pool.imap(_run_shard, self.jobs())
         k = 0
         while self.scan.shard(k) is not None:
