@@ -27,7 +27,7 @@ from kimi_eagle.chat.completion import CONTENT, SPECIAL
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import HFTemplateFormat, count_tool_calls, get_format, render
 from kimi_eagle.chat.parse import ParseOptions, api_record, parse_completion
-from kimi_eagle.chat.serving import PROFILES, get_profile, preprocess_request
+from kimi_eagle.chat.serving import get_profile, preprocess_request
 from kimi_eagle.chat.tool_decl import tools_to_typescript
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_options
@@ -74,7 +74,7 @@ def request(rng: random.Random) -> tuple[list[dict], list[dict]]:
 
 def server_prompt(template: HFTemplateFormat, messages: list[dict], tools: list, serving: str) -> str | None:
     """The server's prompt text: its preprocessing, then the official template; None when it refuses."""
-    profile = PROFILES[serving]
+    profile = get_profile(serving)
     try:
         messages, tools = preprocess_request(messages, tools, profile)
     except RecordError:
@@ -85,7 +85,7 @@ def server_prompt(template: HFTemplateFormat, messages: list[dict], tools: list,
 
 
 def kit_prompt(messages: list[dict], tools: list, serving: str) -> str | None:
-    profile = PROFILES[serving]
+    profile = get_profile(serving)
     try:
         messages, tools = preprocess_request(messages, tools, profile)
     except RecordError:
@@ -191,7 +191,7 @@ def bundled(tok) -> dict[str, Any]:
     enc = PieceEncoder(tok)
 
     def ids(record, serving):
-        p = PROFILES[serving]
+        p = get_profile(serving)
         try:
             row = reconstruct_record(record, tok, fmt[p.tool_declaration], serving_options(p), enc)
         except RecordError as e:

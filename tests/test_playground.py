@@ -85,21 +85,25 @@ def test_the_profile_comparison_shows_each_servers_message(kimi):
         assert html.escape(json.dumps(expected.tool_calls, ensure_ascii=False)) in row
         assert html.escape(", ".join(expected.flags)) in row
     # SGLang renumbers the id the model wrote (get_weather:3); the others return it as written
-    assert [c["id"] for c in pg.by_profile["sglang"].tool_calls] == ["functions.get_weather:0"]
-    assert [c["id"] for p in ("template", "moonshot", "vllm") for c in pg.by_profile[p].tool_calls] == ["get_weather:3"] * 3
-    assert "tool_id_renumbered" in profile_row(pg.html.value, "sglang") and "background:#fff3e0" in profile_row(pg.html.value, "sglang")
-    assert "same answer: template = moonshot = vllm · sglang" in pg.html.value
-    pg.serving.value = "sglang"  # the message shown is the chosen server's
-    assert pg.parsed is pg.by_profile["sglang"] and "<b>sglang</b> returns" in pg.html.value
+    # (rows are named by profile name: vllm and sglang are aliases of vllm-legacy and sglang-legacy)
+    sglang = "sglang-legacy"
+    assert [c["id"] for c in pg.by_profile[sglang].tool_calls] == ["functions.get_weather:0"]
+    assert [c["id"] for p in ("template", "moonshot", "vllm-legacy") for c in pg.by_profile[p].tool_calls] == ["get_weather:3"] * 3
+    assert "tool_id_renumbered" in profile_row(pg.html.value, sglang) and "background:#fff3e0" in profile_row(pg.html.value, sglang)
+    assert "same answer: template = moonshot = vllm-legacy · sglang-legacy" in pg.html.value
+    pg.serving.value = sglang  # the message shown is the chosen server's
+    assert pg.parsed is pg.by_profile[sglang] and "<b>sglang-legacy</b> returns" in pg.html.value
+    # an alias chooses its profile
+    assert CompletionPlayground(kimi, text=CUT_IN_ARGS, serving="sglang").serving.value == sglang
 
 
 def test_servers_drop_a_call_cut_in_its_arguments(kimi):
     pg = CompletionPlayground(kimi, text=CUT_IN_ARGS)
     assert len(pg.by_profile["template"].tool_calls) == 1
-    for name in ("vllm", "sglang"):
+    for name in ("vllm-legacy", "sglang-legacy"):
         assert pg.by_profile[name].tool_calls == [] and "dropped_by_server" in pg.by_profile[name].flags
-    assert pg.by_profile["vllm"].finish_reason == "tool_calls"  # a tool section makes it tool_calls whatever the stop
-    assert pg.by_profile["sglang"].finish_reason == "length"
+    assert pg.by_profile["vllm-legacy"].finish_reason == "tool_calls"  # a tool section: tool_calls whatever the stop
+    assert pg.by_profile["sglang-legacy"].finish_reason == "length"
 
 
 def test_bad_ids_give_a_one_line_message_not_a_traceback(kimi):

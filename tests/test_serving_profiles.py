@@ -137,9 +137,9 @@ def test_history_arguments_per_profile(arguments, expected):
     for serving, written in expected.items():
         if written is None:
             with pytest.raises(RecordError, match="refuses"):
-                preprocess_request(history(arguments), None, PROFILES[serving])
+                preprocess_request(history(arguments), None, get_profile(serving))
             continue
-        messages, _ = preprocess_request(history(arguments), None, PROFILES[serving])
+        messages, _ = preprocess_request(history(arguments), None, get_profile(serving))
         text = "".join(t for t, _ in fmt.prompt_pieces(messages))
         assert f"<|tool_call_argument_begin|>{written}<|tool_call_end|>" in text, serving
 
@@ -151,8 +151,8 @@ def test_none_valued_keys_and_tool_parts():
                 {"role": "tool", "tool_call_id": None,
                  "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     fmt = get_format("kimi-k2.5")
-    rendered = {name: "".join(t for t, _ in fmt.prompt_pieces(preprocess_request(messages, None, p)[0]))
-                for name, p in PROFILES.items()}
+    rendered = {name: "".join(t for t, _ in fmt.prompt_pieces(preprocess_request(messages, None, get_profile(name))[0]))
+                for name in ("template", "moonshot", "vllm", "sglang")}
     assert "## Return of None\nab" in rendered["template"] and "<think>None</think>" in rendered["template"]
     for name in ("moonshot", "vllm", "sglang"):
         assert "None" not in rendered[name], name
@@ -164,8 +164,8 @@ def test_tools_are_deep_sorted_and_declared_in_typescript():
         "type": "object", "$defs": {"Z": {"type": "string"}, "A": {"type": "number"}},
         "properties": {"x": {"$ref": "#/$defs/Z"}}}}}]
     assert list(deep_sort(tools)[0]["function"]["parameters"]["$defs"]) == ["A", "Z"]
-    fmt = get_format("kimi-k2.5", tool_declaration=PROFILES["vllm"].tool_declaration)
-    _, sorted_tools = preprocess_request([], tools, PROFILES["vllm"])
+    fmt = get_format("kimi-k2.5", tool_declaration=get_profile("vllm").tool_declaration)
+    _, sorted_tools = preprocess_request([], tools, get_profile("vllm"))
     text = "".join(t for t, _ in fmt.prompt_pieces([{"role": "user", "content": "q"}], sorted_tools))
     assert text.index("interface A") < text.index("interface Z") and "namespace functions" in text
     assert tools[0]["function"]["parameters"]["$defs"] is not sorted_tools[0]["function"]["parameters"]["$defs"]
@@ -173,7 +173,7 @@ def test_tools_are_deep_sorted_and_declared_in_typescript():
 
 def test_profiles_are_overridable_one_field_at_a_time():
     p = get_profile("vllm", tool_declaration="json", tool_ids=None)
-    assert p.tool_declaration == "json" and p.split_on == "text" and PROFILES["vllm"].tool_declaration == "ts"
+    assert p.tool_declaration == "json" and p.split_on == "text" and get_profile("vllm").tool_declaration == "ts"
     with pytest.raises(ValueError, match="unknown serving profile"):
         get_profile("tgi")
     with pytest.raises(ValueError, match="split_on"):
@@ -193,7 +193,7 @@ def dropped_record(finish, calls, billed):
 def test_a_call_the_server_dropped_is_flagged_and_nothing_is_appended(kimi):
     fmt = get_format("kimi-k2.5")
     one = [{"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    vllm = serving_options(PROFILES["vllm"])
+    vllm = serving_options(get_profile("vllm"))
     # vLLM: finish tool_calls, billing says more tokens than the message holds: a second call was cut
     row = reconstruct_record(dropped_record("tool_calls", one, 40), kimi, fmt, vllm)
     text = ids_to_bytes(kimi, row.completion_ids).decode()
@@ -206,7 +206,7 @@ def test_a_call_the_server_dropped_is_flagged_and_nothing_is_appended(kimi):
     row = reconstruct_record(dropped_record("tool_calls", [], 40), kimi, fmt, vllm)
     assert "dropped_by_server" in row.flags and ids_to_bytes(kimi, row.completion_ids).decode().endswith(S)
     # SGLang length cut: every returned call complete, no section end, no <|im_end|>
-    row = reconstruct_record(dropped_record("length", one, 40), kimi, fmt, serving_options(PROFILES["sglang"]))
+    row = reconstruct_record(dropped_record("length", one, 40), kimi, fmt, serving_options(get_profile("sglang")))
     text = ids_to_bytes(kimi, row.completion_ids).decode()
     assert "dropped_by_server" in row.flags and text.endswith(E) and "truncated_in_tool_call" not in row.flags
     # the template profile keeps today's reading: the last call was cut inside its arguments
@@ -223,7 +223,7 @@ def test_template_profile_reconstructs_as_without_profiles(kimi):
     base = reconstruct_record(rec, kimi, fmt)
     same = reconstruct_record(rec, kimi, fmt, serving_options(PROFILES["template"]))
     assert (base.prompt_ids, base.completion_ids, base.flags) == (same.prompt_ids, same.completion_ids, same.flags)
-    served = reconstruct_record(rec, kimi, fmt, serving_options(PROFILES["vllm"]))
+    served = reconstruct_record(rec, kimi, fmt, serving_options(get_profile("vllm")))
     assert served.prompt_ids != base.prompt_ids and served.completion_ids == base.completion_ids
 
 
@@ -262,7 +262,7 @@ def outputs(draw, text=words, cut=True):
 
 def roundtrip(kimi, pieces, serving):
     ids = PieceEncoder(kimi).encode(pieces)
-    profile = PROFILES[serving]
+    profile = get_profile(serving)
     parsed = parse_completion(ids, kimi, ParseOptions(serving=profile, history_tool_calls=count_tool_calls(HISTORY)))
     if not (parsed.reasoning or parsed.content or parsed.tool_calls):
         return ids, None, parsed
@@ -312,7 +312,7 @@ def test_marker_text_the_servers_split_on_is_always_flagged(kimi, serving, piece
 
 
 def billed_record(kimi, rid, provider, serving, messages, tools, answer_ids=("functions.get:1",)):
-    profile = PROFILES[serving]
+    profile = get_profile(serving)
     fmt = get_format("kimi-k2.5", tool_declaration=profile.tool_declaration)
     served, served_tools = preprocess_request(messages, tools, profile)
     n_prompt = len(PieceEncoder(kimi).encode(fmt.prompt_pieces(served, served_tools)))
@@ -340,10 +340,10 @@ def test_auto_picks_each_providers_profile_from_its_billed_prompt_counts(kimi):
                billed_record(kimi, "d", "D", "sglang", MULTI, TOOLS),
                {**billed_record(kimi, "e", "E", "vllm", MULTI, TOOLS), "response": {"provider": "E", "choices": []}}]
     got = {c["provider"]: c for c in choose_profiles(records, kimi)}
-    assert {p: c["profile"] for p, c in got.items()} == {"A": "template", "B": "moonshot", "C": "vllm", "D": "sglang",
-                                                          "E": "template"}
-    assert got["C"]["prompt_matched"] == {"template": 0, "moonshot": 0, "vllm": 1, "sglang": 1}
-    assert describe(got["C"]) == "provider C: vllm profile, prompt counts matched 1/1"
+    assert {p: c["profile"] for p, c in got.items()} == {"A": "template", "B": "moonshot", "C": "vllm-legacy",
+                                                          "D": "sglang-legacy", "E": "template"}
+    assert got["C"]["prompt_matched"] == {"template": 0, "moonshot": 0, "vllm-legacy": 1, "sglang-legacy": 1}
+    assert describe(got["C"]) == "provider C: vllm-legacy profile, prompt counts matched 1/1"
     assert describe(got["E"]) == "provider E: template profile (no billed prompt_tokens to compare)"
 
 
@@ -359,7 +359,7 @@ def test_reconstruct_serving_auto_writes_the_evidence_and_renders_per_provider(k
     out = tmp_path / "out.parquet"
     assert main(["reconstruct", str(src), "-o", str(out), "--serving", "auto", "--no-progress"]) == 0
     evidence = json.loads((tmp_path / "out.parquet.serving.json").read_text())
-    assert {g["provider"]: g["profile"] for g in evidence["groups"]} == {"A": "template", "B": "vllm"}
+    assert {g["provider"]: g["profile"] for g in evidence["groups"]} == {"A": "template", "B": "vllm-legacy"}
     rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
     assert [rows[r["id"]]["n_prompt_tokens"] for r in records] == [r["response"]["usage"]["prompt_tokens"] for r in records]
 
@@ -369,8 +369,8 @@ def test_the_engine_renders_and_answers_through_its_profile(kimi):
 
     record = billed_record(kimi, "v", "V", "vllm", MULTI, TOOLS)
     for serving in PROFILES:
-        row = reconstruct_record(record, kimi, get_format("kimi-k2.5", tool_declaration=PROFILES[serving].tool_declaration),
-                                 serving_options(PROFILES[serving]))
+        row = reconstruct_record(record, kimi, get_format("kimi-k2.5", tool_declaration=get_profile(serving).tool_declaration),
+                                 serving_options(get_profile(serving)))
         assert KimiPromptRenderer(kimi, serving).prompt_ids(MULTI, TOOLS) == row.prompt_ids, serving
     cut = kimi.encode(f"r</think>{S}{B}functions.get:1{A}{{\"a\":", allow_special=True)
     assert kimi_chat_answer(cut, kimi, "length").finish_reason == "length"
@@ -393,7 +393,8 @@ def call_answer_record(rid, provider, finish, call_id="call_1"):
 
 
 def billed(record, counts, prompt_serving, completion_tokens):
-    record["response"]["usage"] = {"prompt_tokens": counts[prompt_serving][0], "completion_tokens": completion_tokens}
+    prompt = counts[get_profile(prompt_serving).name][0]  # the counts are keyed by profile name (vllm -> vllm-legacy)
+    record["response"]["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion_tokens}
     return record
 
 
@@ -403,7 +404,7 @@ def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
 
     counter = reconstruct_counter(kimi, "kimi-k2.5")
     counts = counter(call_answer_record("x", "X", "tool_calls"))
-    assert counts["moonshot"][0] == counts["vllm"][0] == counts["sglang"][0] != counts["template"][0]
+    assert counts["moonshot"][0] == counts["vllm-legacy"][0] == counts["sglang-legacy"][0] != counts["template"][0]
     full = counts["moonshot"][1]
     # billed the whole turn: every profile agrees, nothing to tell them apart -> the first tied (moonshot)
     m = billed(call_answer_record("m", "M", "tool_calls"), counts, "moonshot", full)
@@ -413,19 +414,21 @@ def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
     s = billed(call_answer_record("s", "S", "tool_calls", call_id="functions.get:0"), counts, "sglang", full + 9)
     t = billed(call_answer_record("t", "T", "tool_calls"), counts, "template", full + 9)  # the prompt decides first
     with_dropped = counter(v)
-    assert with_dropped["vllm"][2] and not with_dropped["moonshot"][2] and with_dropped["vllm"][1] < full + 9
+    assert with_dropped["vllm-legacy"][2] and not with_dropped["moonshot"][2] and with_dropped["vllm-legacy"][1] < full + 9
     got = {c["provider"]: c for c in choose_profiles([m, v, s, t], kimi, counter=counter)}
-    assert {p: c["profile"] for p, c in got.items()} == {"M": "moonshot", "V": "vllm", "S": "sglang", "T": "template"}
+    assert {p: c["profile"] for p, c in got.items()} == {"M": "moonshot", "V": "vllm-legacy", "S": "sglang-legacy",
+                                                          "T": "template"}
     assert got["M"]["completion_compared"] == 0
-    assert got["V"]["completion_matched"] == {"template": 0, "moonshot": 0, "vllm": 1, "sglang": 1}
-    assert describe(got["V"]) == "provider V: vllm profile, prompt counts matched 1/1, completion counts matched 1/1"
+    assert got["V"]["completion_matched"] == {"template": 0, "moonshot": 0, "vllm-legacy": 1, "sglang-legacy": 1}
+    assert describe(got["V"]) == ("provider V: vllm-legacy profile, prompt counts matched 1/1, completion counts "
+                                  "matched 1/1")
     # prompts only (the chat-layer default counter): vllm's group ties with moonshot, which comes first
     assert {c["provider"]: c["profile"] for c in choose_profiles([v], kimi)} == {"V": "moonshot"}
     # billed prompts no candidate renders (another tokenizer): the completion counts are no evidence either
     other = billed(call_answer_record("o", "O", "tool_calls"), counts, "vllm", full + 9)
     other["response"]["usage"]["prompt_tokens"] = 7
     (c,) = choose_profiles([other], kimi, counter=counter)
-    assert c["profile"] == "template" and c["completion_matched"]["vllm"] == 1
+    assert c["profile"] == "template" and c["completion_matched"]["vllm-legacy"] == 1
     assert describe(c) == ("provider O: template profile (no profile's prompt count equals a billed one (0/1: another "
                            "tokenizer or format?))")
 
@@ -461,14 +464,14 @@ def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi,
     assert main(["reconstruct", str(src), "-o", str(out), "--no-progress"]) == 0  # no --serving: auto
     printed = capsys.readouterr().out
     assert "provider A: template profile, prompt counts matched 1/1, completion counts matched 0/1" in printed
-    assert "provider B: vllm profile, prompt counts matched 2/2, completion counts matched 0/2" in printed
-    assert f"{out}: rows per serving profile: template 1, vllm 2" in printed
+    assert "provider B: vllm-legacy profile, prompt counts matched 2/2, completion counts matched 0/2" in printed
+    assert f"{out}: rows per serving profile: template 1, vllm-legacy 2" in printed
     rows = pq.read_table(out).to_pylist()
-    assert [r["serving"] for r in rows] == ["template", "vllm", "vllm", None]
+    assert [r["serving"] for r in rows] == ["template", "vllm-legacy", "vllm-legacy", None]  # canonical names
     by = serving_by_provider(rows)
-    assert by == {"A": {"template": 1}, "B": {"vllm": 2}}
+    assert by == {"A": {"template": 1}, "B": {"vllm-legacy": 2}}
     assert serving_line(by) == ("serving profiles (kimi-eagle reconstruct --serving): provider A: template profile "
-                                "(1 rows); provider B: vllm profile (2 rows)")
+                                "(1 rows); provider B: vllm-legacy profile (2 rows)")
     evidence = json.loads((tmp_path / "out.parquet.serving.json").read_text())
     assert [g["no_evidence"] for g in evidence["groups"]] == [None, None]
     # billing report: the line on the page and a new summary key (the other keys unchanged)
@@ -477,9 +480,9 @@ def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi,
     summary = json.loads((bill / "summary.json").read_text())
     assert summary["serving_by_provider"] == by
     assert serving_line(by) in (bill / "report.html").read_text()
-    # an explicit profile is the same for every row
+    # an explicit profile is the same for every row; an alias is written as the profile it stands for
     assert main(["reconstruct", str(src), "-o", str(tmp_path / "t.parquet"), "--serving", "sglang", "--no-progress"]) == 0
-    assert [r["serving"] for r in pq.read_table(tmp_path / "t.parquet").to_pylist()] == ["sglang"] * 3 + [None]
+    assert [r["serving"] for r in pq.read_table(tmp_path / "t.parquet").to_pylist()] == ["sglang-legacy"] * 3 + [None]
 
 
 def test_diff_report_names_the_profile_per_provider(tmp_path):

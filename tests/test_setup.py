@@ -1,7 +1,7 @@
 """The project's set-up contract: two README commands, CI calls the test command, conda and pip agree."""
 import re
-
 import tomllib
+
 import yaml
 
 from kimi_eagle.assets import REPO_ROOT
@@ -17,6 +17,13 @@ def test_environment_yml_installs_the_project_and_pins_torch_like_pyproject():
     assert "-e .[dev]" in pip
     assert not [d for d in env["dependencies"] if isinstance(d, str) and not d.startswith(("python", "pip"))], \
         "environment.yml must not list packages of its own: pyproject.toml is the single dependency list"
+
+
+def test_environment_yml_python_meets_requires_python():
+    env = yaml.safe_load((REPO_ROOT / "environment.yml").read_text())
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    required = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert required == ">=3.11" and tuple(map(int, python.split("=")[1].split("."))) >= (3, 11)
 
 
 def test_readme_shows_exactly_two_setup_commands():

@@ -5,122 +5,54 @@ and parse the raw completion after it with their own Kimi parsers. A :class:`Ser
 each of those conventions, so that reconstruction renders what the provider's server fed the model and
 :func:`~kimi_eagle.chat.parse.parse_completion` answers what that server would answer.
 
-Profiles (:data:`PROFILES`; the sources each was read from are in docs/reconstruct.md):
+The profiles are data files, one per server version, under ``kimi_eagle/chat/profiles/`` (format and checks:
+:mod:`kimi_eagle.chat.profile_files`; the sources each was read from: docs/reconstruct.md), loaded once at
+import into :data:`PROFILES` (name -> profile) and :data:`ALIASES` (alias -> name: ``vllm`` and ``sglang``
+stand for the newest transcribed version of each server). Today: ``template`` (the jinja alone),
+``moonshot`` (Moonshot's ``apply_chat_template``: TypeScript tools, deep-sorted, ``None`` keys dropped),
+``vllm-legacy`` and ``sglang-legacy`` (``moonshot``'s prompt path plus each server's preprocessing and its
+Kimi-K2 parsers). :data:`CANDIDATES` are the profiles ``--serving auto`` tries (``candidate`` in the files),
+:data:`SERVING_CHOICES` the names and aliases ``--serving`` accepts.
 
-- ``template``: the jinja alone (the kit's behaviour before profiles): JSON tool declaration, history
-  arguments verbatim, ``None`` printed as ``None``, marker IDs split the completion;
-- ``moonshot``: Moonshot's ``tokenization_kimi.py`` ``apply_chat_template`` (what vLLM and SGLang call when
-  they load the K2.5 tokenizer): tools deep-sorted and declared in TypeScript (``tools_ts_str``),
-  ``None``-valued keys dropped (transformers); the completion is parsed as by ``template``;
-- ``vllm``: ``moonshot``'s prompt path plus vLLM's ``_postprocess_messages`` (history arguments
-  ``json.loads``-ed, so the template's ``tojson`` writes them back; empty ones become ``{}``, invalid JSON
-  fails the request, other JSON values are kept) and its Kimi-K2 reasoning and tool parsers (decoded text split on marker *text*, a
-  tool section makes ``finish_reason`` ``tool_calls`` whatever the stop, an unterminated call is dropped,
-  the name is the id's last dotted part, whitespace around ids and arguments stripped);
-- ``sglang``: ``moonshot``'s prompt path plus SGLang's ``normalize_assistant_tool_call_arguments``
-  (invalid or non-object arguments fail the request) and its tool message part joining (a space), and its
-  Kimi-K2 detector (arguments must be one-line ``{...}``, a tool section turns ``stop`` into
-  ``tool_calls``, ids renumbered ``functions.NAME:{history calls + position}``, reasoning stripped).
+>>> get_profile("vllm").name  # an alias resolves to its profile
+'vllm-legacy'
+>>> get_profile("vllm", split_on="ids").split_on  # one field overridden
+'ids'
 
 :func:`preprocess_request` applies a profile's prompt side to request messages and tools.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
+from kimi_eagle.chat.profile_files import load_profiles as load_profiles
+from kimi_eagle.chat.profile_files import read_profiles
+from kimi_eagle.chat.serving_profile import CHOICES as CHOICES
+from kimi_eagle.chat.serving_profile import ServingProfile
 from kimi_eagle.records import RecordError
 
-
-@dataclass(frozen=True)
-class ServingProfile:
-    """One serving stack's conventions around the template (each field overridable: :func:`get_profile`).
-
-    Prompt side: ``tool_declaration`` (``json`` | ``ts``); ``sort_tools`` (deep-sort every mapping of the
-    tools by key first); ``history_arguments`` (``verbatim`` | ``reserialise``: parse each history call's
-    argument string so the template writes it with ``tojson``); ``empty_arguments`` and
-    ``invalid_arguments`` / ``nonobject_arguments`` (what re-serialising does with an empty string, with
-    one that is not JSON, and with JSON that is not an object: ``verbatim``, ``empty_object`` (``{}``),
-    ``parsed`` (the parsed value) or ``reject`` (the server answers HTTP 400: the record is an error)); ``drop_none_keys`` (message keys
-    whose value is ``None`` are removed before rendering); ``tool_part_join`` (``None``: the template
-    concatenates a tool message's text parts; a string: the server joins them with it first).
-
-    Completion side: ``split_on`` (``ids``: only marker special tokens split; ``text``: the decoded text is
-    split on marker spellings, as servers do); ``finish_on_section`` (``never``: ``tool_calls`` only when a
-    call parsed; ``on_stop``: a tool section turns ``stop`` into ``tool_calls``; ``always``: a tool section
-    makes it ``tool_calls`` whatever the stop); ``unterminated_call`` (``keep`` its arguments | ``drop``
-    it); ``name_rule`` (``after_prefix``: the id minus ``functions.`` and ``:N``; ``last_dot``: the last
-    dotted part); ``id_chars`` (``any`` | ``word_dot``: ids of ``[\\w.]`` only parse); ``args_object``
-    (arguments must be a ``{...}`` on one line to parse); ``id_rule`` (``model``: the id written |
-    ``sglang``: ``functions.NAME:{history + position}``); ``strip`` (whitespace around ids and arguments);
-    ``strip_reasoning`` (reasoning and content stripped as SGLang's reasoning parser does).
-
-    Reconstruction: ``omit_think_end_before_tools`` and ``tool_ids`` (the
-    :class:`~kimi_eagle.chat.completion.CompletionOptions` of the same names).
-    """
-
-    name: str
-    tool_declaration: str = "json"
-    sort_tools: bool = False
-    history_arguments: str = "verbatim"
-    empty_arguments: str = "verbatim"
-    invalid_arguments: str = "verbatim"
-    nonobject_arguments: str = "verbatim"
-    drop_none_keys: bool = False
-    tool_part_join: str | None = None
-    split_on: str = "ids"
-    finish_on_section: str = "never"
-    unterminated_call: str = "keep"
-    name_rule: str = "after_prefix"
-    id_chars: str = "any"
-    args_object: bool = False
-    id_rule: str = "model"
-    strip: bool = False
-    strip_reasoning: bool = False
-    omit_think_end_before_tools: bool = False
-    tool_ids: str = "auto"
-
-    def __post_init__(self) -> None:
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"serving profile {self.name}: {name}={getattr(self, name)!r}; "
-                                 f"known: {', '.join(map(str, allowed))}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+_LOADED = read_profiles()
+PROFILES: dict[str, ServingProfile] = _LOADED.profiles
+ALIASES: dict[str, str] = _LOADED.aliases
+CANDIDATES: tuple[str, ...] = _LOADED.candidates
+SERVING_CHOICES: tuple[str, ...] = (*PROFILES, *ALIASES)
 
 
-CHOICES: dict[str, tuple] = {
-    "tool_declaration": ("json", "ts"), "history_arguments": ("verbatim", "reserialise"),
-    "empty_arguments": ("verbatim", "empty_object", "reject"),
-    "invalid_arguments": ("verbatim", "empty_object", "reject"),
-    "nonobject_arguments": ("verbatim", "parsed", "empty_object", "reject"),
-    "split_on": ("ids", "text"), "finish_on_section": ("never", "on_stop", "always"),
-    "unterminated_call": ("keep", "drop"), "name_rule": ("after_prefix", "last_dot"), "id_chars": ("any", "word_dot"),
-    "id_rule": ("model", "sglang"), "tool_ids": ("auto", "normalise", "keep"),
-}
-
-_MOONSHOT = dict(tool_declaration="ts", sort_tools=True, drop_none_keys=True)
-PROFILES: dict[str, ServingProfile] = {
-    "template": ServingProfile("template"),
-    "moonshot": ServingProfile("moonshot", **_MOONSHOT),
-    "vllm": ServingProfile("vllm", **_MOONSHOT, history_arguments="reserialise", empty_arguments="empty_object",
-                           invalid_arguments="reject", nonobject_arguments="parsed", split_on="text", finish_on_section="always",
-                           unterminated_call="drop", name_rule="last_dot", strip=True),
-    "sglang": ServingProfile("sglang", **_MOONSHOT, history_arguments="reserialise", empty_arguments="reject",
-                             invalid_arguments="reject", nonobject_arguments="reject", tool_part_join=" ", split_on="text",
-                             finish_on_section="on_stop", unterminated_call="drop", id_chars="word_dot",
-                             args_object=True, id_rule="sglang", strip=True, strip_reasoning=True),
-}
-SERVING_CHOICES = tuple(PROFILES)
+def canonical_name(name: str) -> str:
+    """The profile name ``name`` stands for (an alias resolved); ValueError for an unknown name."""
+    resolved = ALIASES.get(name, name)
+    if resolved not in PROFILES:
+        aliases = ", ".join(f"{a} -> {n}" for a, n in ALIASES.items())
+        raise ValueError(f"unknown serving profile {name!r}; known: {', '.join(PROFILES)} (aliases: {aliases})")
+    return resolved
 
 
 def get_profile(name: str | ServingProfile, **overrides: Any) -> ServingProfile:
-    """The profile called ``name`` with ``overrides`` (fields set to ``None`` are left as the profile has them)."""
-    base = name if isinstance(name, ServingProfile) else PROFILES.get(name)
-    if base is None:
-        raise ValueError(f"unknown serving profile {name!r}; known: {', '.join(PROFILES)}")
+    """The profile called ``name`` (a name or an alias) with ``overrides`` (fields set to ``None`` are left as the
+    profile has them)."""
+    base = name if isinstance(name, ServingProfile) else PROFILES[canonical_name(name)]
     unknown = set(overrides) - {f.name for f in fields(ServingProfile)}
     if unknown:
         raise ValueError(f"unknown serving profile field(s): {', '.join(sorted(unknown))}")

@@ -6,8 +6,13 @@ the billed ``usage.prompt_tokens`` on the most records wins (TypeScript and JSON
 by many tokens, re-serialised history arguments by a few). Ties (profiles that render a group's prompts
 alike) go first to the completion counts against ``usage.completion_tokens`` (on the records whose
 completion differs between candidates, when the counter gives them; :func:`completion_agrees`), then to the answers'
-conventions: ``sglang`` when every returned tool-call id is SGLang's ``functions.NAME:{history calls +
-position}`` and at least one is, else the first tied profile in :data:`CANDIDATES` order.
+conventions: the first tied SGLang profile (``id_rule = "sglang"``) when every returned tool-call id is SGLang's
+``functions.NAME:{history calls + position}`` and at least one is, else the first tied profile in :data:`CANDIDATES`
+order.
+
+:data:`CANDIDATES` (:data:`kimi_eagle.chat.serving.CANDIDATES`) are canonical profile names, from the profile
+files' ``candidate`` ranks (today ``template``, ``moonshot``, ``vllm-legacy``, ``sglang-legacy``): the choices, the
+evidence keys and the ``serving`` column name them, never an alias.
 
 A group without usable evidence gets ``template`` (today's rendering, byte for byte; :func:`no_evidence`
 says why): no billed prompt count, a chat format the profiles do not change (not ``kimi-*``), no
@@ -22,11 +27,9 @@ from typing import Any, Callable, Iterable
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.serving import PROFILES, history_call_count, preprocess_request
+from kimi_eagle.chat.serving import CANDIDATES, PROFILES, history_call_count, preprocess_request
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.tokenize.tokenizer import Tokenizer
-
-CANDIDATES = ("template", "moonshot", "vllm", "sglang")
 
 
 def billed_count(record: dict, name: str) -> int | None:
@@ -90,14 +93,16 @@ def _best(names: list[str], matched: dict[str, int]) -> list[str]:
 
 def _pick(g: dict[str, Any]) -> str:
     """The group's profile: no usable evidence -> ``template``; else the most prompt matches, ties broken by
-    completion matches, then by SGLang's ids, then by :data:`CANDIDATES` order."""
+    completion matches, then by SGLang's ids (the first tied profile with ``id_rule`` ``sglang``), then by
+    :data:`CANDIDATES` order."""
     if no_evidence(g):
         return "template"
     tied = _best(list(CANDIDATES), g["prompt_matched"])
     if g["completion_compared"]:
         tied = _best(tied, g["completion_matched"])
-    if "sglang" in tied and g["sglang_votes"] and all(g["sglang_votes"]):
-        return "sglang"
+    renumbering = [n for n in tied if PROFILES[n].id_rule == "sglang"]
+    if renumbering and g["sglang_votes"] and all(g["sglang_votes"]):
+        return renumbering[0]
     return tied[0]
 
 
@@ -190,7 +195,7 @@ def no_evidence(choice: dict[str, Any], applies: bool = True) -> str | None:
 
 
 def describe(choice: dict[str, Any]) -> str:
-    """One line: ``provider P (dataset D): vllm profile, prompt counts matched 412/415`` (and the completion
+    """One line: ``provider P (dataset D): vllm-legacy profile, prompt counts matched 412/415`` (and the completion
     counts when they were compared)."""
     where = f"provider {choice['provider'] or '(none)'}" + (f" (dataset {choice['dataset']})" if choice["dataset"] else "")
     if choice.get("no_evidence"):

@@ -15,7 +15,7 @@ from kimi_eagle.apps.widgets.inspector import _chips, aligned_html, parse_ids
 from kimi_eagle.apps.widgets.snapshot import SnapshotBox
 from kimi_eagle.chat.completion import tool_id_style
 from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
-from kimi_eagle.chat.serving import PROFILES
+from kimi_eagle.chat.serving import PROFILES, canonical_name
 from kimi_eagle.diff.align import AlignError
 from kimi_eagle.diff.classify import RecordVerdict, classify
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -191,7 +191,8 @@ def conventions_html(parsed: ParsedCompletion, format_name: str) -> str:
 class CompletionPlayground:
     """Paste a completion's engine IDs or its raw text (markers spelled out), see the API message a Kimi
     server returns for it (:func:`kimi_eagle.chat.parse.parse_completion`) and the conventions it follows:
-    how it ends, the flags, and what each serving profile (template, moonshot, vllm, sglang) returns."""
+    how it ends, the flags, and what each serving profile (:data:`~kimi_eagle.chat.serving.PROFILES`) returns
+    (``serving``: the one shown first, a name or an alias; the menu lists profile names)."""
 
     def __init__(self, tok: Tokenizer, ids: str = "", format_name: str = "kimi-k2.5", text: str = "",
                  serving: str = "template") -> None:
@@ -201,7 +202,7 @@ class CompletionPlayground:
                               layout=W.Layout(width="90%", height="80px"))
         self.mode = W.ToggleButtons(options=MODES, value="text" if text else "auto", description="read as")
         self.format = W.Dropdown(options=list(PARSE_FORMATS), value=format_name, description="format")
-        self.serving = W.Dropdown(options=list(PROFILES), value=serving, description="server")
+        self.serving = W.Dropdown(options=list(PROFILES), value=canonical_name(serving), description="server")
         self.strip = W.Checkbox(value=False, description="strip whitespace as the servers do")
         self.html = W.HTML()
         self.parsed: ParsedCompletion | None = None
