@@ -34,44 +34,44 @@ PARSE_VECTORS = [
     ("section without a parsable call", f"r</think>{S}{B}bad id{A}{{}}{E}{SE}{END}", {
         "template": ("r", None, [], "stop"),
         "moonshot": ("r", None, [], "stop"),
-        "vllm": ("r", None, [], "tool_calls"),
-        "sglang": ("r", None, [], "tool_calls")}),
+        "vllm-legacy": ("r", None, [], "tool_calls"),
+        "sglang-legacy": ("r", None, [], "tool_calls")}),
     ("length cut inside a call", f"r</think>{S}{B}functions.f:0{A}{{\"a\": 1", {
         "template": ("r", None, [("functions.f:0", "f", '{"a": 1')], "length"),
-        "vllm": ("r", None, [], "tool_calls"),
-        "sglang": ("r", None, [], "length")}),
+        "vllm-legacy": ("r", None, [], "tool_calls"),
+        "sglang-legacy": ("r", None, [], "length")}),
     ("literal marker text", f"a</think>b</think>c{END}", {
         "template": ("a", "b</think>c", [], "stop"),
-        "vllm": ("a", "b</think>c", [], "stop"),
-        "sglang": ("a", "b</think>c", [], "stop")}),
+        "vllm-legacy": ("a", "b</think>c", [], "stop"),
+        "sglang-legacy": ("a", "b</think>c", [], "stop")}),
     ("dotted tool name", f"</think>{S}{B}functions.ns.search:0{A}{{}}{E}{SE}{END}", {
         "template": (None, None, [("functions.ns.search:0", "ns.search", "{}")], "tool_calls"),
-        "vllm": (None, None, [("functions.ns.search:0", "search", "{}")], "tool_calls"),
-        "sglang": (None, None, [("functions.ns.search:3", "ns.search", "{}")], "tool_calls")}),
+        "vllm-legacy": (None, None, [("functions.ns.search:0", "search", "{}")], "tool_calls"),
+        "sglang-legacy": (None, None, [("functions.ns.search:3", "ns.search", "{}")], "tool_calls")}),
     ("sglang ids: history calls + position", f"</think>{S}{B}functions.f:7{A}{{}}{E}{B}g:9{A}{{}}{E}{SE}{END}", {
         "template": (None, None, [("functions.f:7", "f", "{}"), ("g:9", "g", "{}")], "tool_calls"),
-        "vllm": (None, None, [("functions.f:7", "f", "{}"), ("g:9", "g", "{}")], "tool_calls"),
-        "sglang": (None, None, [("functions.f:3", "f", "{}"), ("functions.g:4", "g", "{}")], "tool_calls")}),
+        "vllm-legacy": (None, None, [("functions.f:7", "f", "{}"), ("g:9", "g", "{}")], "tool_calls"),
+        "sglang-legacy": (None, None, [("functions.f:3", "f", "{}"), ("functions.g:4", "g", "{}")], "tool_calls")}),
     ("whitespace around ids and arguments", f"</think>{S}{B} f:0 {A} {{\"a\": 1}} \n{E}{SE}{END}", {
         "template": (None, None, [("f:0", "f", ' {"a": 1} \n')], "tool_calls"),
-        "vllm": (None, None, [("f:0", "f", '{"a": 1}')], "tool_calls"),
-        "sglang": (None, None, [("functions.f:3", "f", '{"a": 1}')], "tool_calls")}),
+        "vllm-legacy": (None, None, [("f:0", "f", '{"a": 1}')], "tool_calls"),
+        "sglang-legacy": (None, None, [("functions.f:3", "f", '{"a": 1}')], "tool_calls")}),
     ("reasoning before an implicit tool section", f"think more \n{S}{B}f:0{A}{{}}{E}{SE}{END}", {
         "template": ("think more \n", None, [("f:0", "f", "{}")], "tool_calls"),
-        "vllm": ("think more \n", None, [("f:0", "f", "{}")], "tool_calls"),
-        "sglang": ("think more", None, [("functions.f:3", "f", "{}")], "tool_calls")}),
+        "vllm-legacy": ("think more \n", None, [("f:0", "f", "{}")], "tool_calls"),
+        "sglang-legacy": ("think more", None, [("functions.f:3", "f", "{}")], "tool_calls")}),
     ("arguments over several lines or not an object", f"</think>{S}{B}f:0{A}{{\"a\":\n1}}{E}{B}g:1{A}[1]{E}{SE}{END}", {
         "template": (None, None, [("f:0", "f", '{"a":\n1}'), ("g:1", "g", "[1]")], "tool_calls"),
-        "vllm": (None, None, [("f:0", "f", '{"a":\n1}'), ("g:1", "g", "[1]")], "tool_calls"),
-        "sglang": (None, None, [], "tool_calls")}),
+        "vllm-legacy": (None, None, [("f:0", "f", '{"a":\n1}'), ("g:1", "g", "[1]")], "tool_calls"),
+        "sglang-legacy": (None, None, [], "tool_calls")}),
     ("content around the section", f"r</think> hi {S}{B}f:0{A}{{}}{E}{SE}{END}", {
         "template": ("r", " hi ", [("f:0", "f", "{}")], "tool_calls"),
-        "vllm": ("r", " hi ", [("f:0", "f", "{}")], "tool_calls"),
-        "sglang": ("r", "hi ", [("functions.f:3", "f", "{}")], "tool_calls")}),
+        "vllm-legacy": ("r", " hi ", [("f:0", "f", "{}")], "tool_calls"),
+        "sglang-legacy": ("r", "hi ", [("functions.f:3", "f", "{}")], "tool_calls")}),
     ("cut inside reasoning", "still thinking", {
         "template": ("still thinking", None, [], "length"),
-        "vllm": ("still thinking", None, [], "length"),
-        "sglang": ("still thinking", None, [], "length")}),
+        "vllm-legacy": ("still thinking", None, [], "length"),
+        "sglang-legacy": ("still thinking", None, [], "length")}),
 ]
 
 
@@ -84,11 +84,11 @@ def test_each_profile_parses_like_its_server(convention, raw, expected):
 
 
 def test_dropped_and_renumbered_calls_are_flagged():
-    assert "dropped_by_server" in parse(f"</think>{S}{B}f:0{A}{{\"a\"", "vllm").flags
-    assert "dropped_by_server" in parse(f"</think>{S}{B}f:0{A}[1]{E}{SE}{END}", "sglang").flags
-    assert "dropped_by_server" not in parse(f"</think>{S}{B}f:0{A}{{}}{E}{SE}{END}", "vllm").flags
-    assert "tool_id_renumbered" in parse(f"</think>{S}{B}f:5{A}{{}}{E}{SE}{END}", "sglang").flags
-    assert "tool_id_renumbered" not in parse(f"</think>{S}{B}functions.f:0{A}{{}}{E}{SE}{END}", "sglang").flags
+    assert "dropped_by_server" in parse(f"</think>{S}{B}f:0{A}{{\"a\"", "vllm-legacy").flags
+    assert "dropped_by_server" in parse(f"</think>{S}{B}f:0{A}[1]{E}{SE}{END}", "sglang-legacy").flags
+    assert "dropped_by_server" not in parse(f"</think>{S}{B}f:0{A}{{}}{E}{SE}{END}", "vllm-legacy").flags
+    assert "tool_id_renumbered" in parse(f"</think>{S}{B}f:5{A}{{}}{E}{SE}{END}", "sglang-legacy").flags
+    assert "tool_id_renumbered" not in parse(f"</think>{S}{B}functions.f:0{A}{{}}{E}{SE}{END}", "sglang-legacy").flags
 
 
 def test_template_profile_is_the_parse_without_profiles(kimi):
@@ -102,7 +102,7 @@ def test_template_profile_is_the_parse_without_profiles(kimi):
 def test_from_ids_servers_split_on_marker_text_the_kit_does_not(kimi):
     ids = kimi.encode("a", allow_special=True) + kimi.encode("</think>b") + kimi.encode(END, allow_special=True)
     kit = parse_completion(ids, kimi)
-    served = parse_completion(ids, kimi, ParseOptions(serving="vllm"))
+    served = parse_completion(ids, kimi, ParseOptions(serving="vllm-legacy"))
     assert (kit.reasoning, kit.content) == ("a</think>b", None) and "literal_marker" in kit.flags
     assert (served.reasoning, served.content) == ("a", "b") and "literal_marker" in served.flags
 
@@ -121,13 +121,13 @@ def history(arguments):
 
 
 ARGUMENT_VECTORS = [  # (client's string, {profile: what the template writes, or None for a refused request})
-    ('{"a":1}', {"template": '{"a":1}', "moonshot": '{"a":1}', "vllm": '{"a": 1}', "sglang": '{"a": 1}'}),
-    ('{"c": "\\u5317", "n": 1.50}', {"template": '{"c": "\\u5317", "n": 1.50}', "vllm": '{"c": "北", "n": 1.5}',
-                                     "sglang": '{"c": "北", "n": 1.5}'}),
-    ('{\n  "a": [1,2]\n}', {"template": '{\n  "a": [1,2]\n}', "vllm": '{"a": [1, 2]}', "sglang": '{"a": [1, 2]}'}),
-    ("", {"template": "", "vllm": "{}", "sglang": None}),
-    ("not json", {"template": "not json", "moonshot": "not json", "vllm": None, "sglang": None}),
-    ("[1, 2]", {"template": "[1, 2]", "vllm": "[1, 2]", "sglang": None}),
+    ('{"a":1}', {"template": '{"a":1}', "moonshot": '{"a":1}', "vllm-legacy": '{"a": 1}', "sglang-legacy": '{"a": 1}'}),
+    ('{"c": "\\u5317", "n": 1.50}', {"template": '{"c": "\\u5317", "n": 1.50}', "vllm-legacy": '{"c": "北", "n": 1.5}',
+                                     "sglang-legacy": '{"c": "北", "n": 1.5}'}),
+    ('{\n  "a": [1,2]\n}', {"template": '{\n  "a": [1,2]\n}', "vllm-legacy": '{"a": [1, 2]}', "sglang-legacy": '{"a": [1, 2]}'}),
+    ("", {"template": "", "vllm-legacy": "{}", "sglang-legacy": None}),
+    ("not json", {"template": "not json", "moonshot": "not json", "vllm-legacy": None, "sglang-legacy": None}),
+    ("[1, 2]", {"template": "[1, 2]", "vllm-legacy": "[1, 2]", "sglang-legacy": None}),
 ]
 
 
@@ -152,11 +152,11 @@ def test_none_valued_keys_and_tool_parts():
                  "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     fmt = get_format("kimi-k2.5")
     rendered = {name: "".join(t for t, _ in fmt.prompt_pieces(preprocess_request(messages, None, get_profile(name))[0]))
-                for name in ("template", "moonshot", "vllm", "sglang")}
+                for name in ("template", "moonshot", "vllm-legacy", "sglang-legacy")}
     assert "## Return of None\nab" in rendered["template"] and "<think>None</think>" in rendered["template"]
-    for name in ("moonshot", "vllm", "sglang"):
+    for name in ("moonshot", "vllm-legacy", "sglang-legacy"):
         assert "None" not in rendered[name], name
-    assert "## Return of \na b" in rendered["sglang"] and "## Return of \nab" in rendered["vllm"]
+    assert "## Return of \na b" in rendered["sglang-legacy"] and "## Return of \nab" in rendered["vllm-legacy"]
 
 
 def test_tools_are_deep_sorted_and_declared_in_typescript():
@@ -164,16 +164,16 @@ def test_tools_are_deep_sorted_and_declared_in_typescript():
         "type": "object", "$defs": {"Z": {"type": "string"}, "A": {"type": "number"}},
         "properties": {"x": {"$ref": "#/$defs/Z"}}}}}]
     assert list(deep_sort(tools)[0]["function"]["parameters"]["$defs"]) == ["A", "Z"]
-    fmt = get_format("kimi-k2.5", tool_declaration=get_profile("vllm").tool_declaration)
-    _, sorted_tools = preprocess_request([], tools, get_profile("vllm"))
+    fmt = get_format("kimi-k2.5", tool_declaration=get_profile("vllm-legacy").tool_declaration)
+    _, sorted_tools = preprocess_request([], tools, get_profile("vllm-legacy"))
     text = "".join(t for t, _ in fmt.prompt_pieces([{"role": "user", "content": "q"}], sorted_tools))
     assert text.index("interface A") < text.index("interface Z") and "namespace functions" in text
     assert tools[0]["function"]["parameters"]["$defs"] is not sorted_tools[0]["function"]["parameters"]["$defs"]
 
 
 def test_profiles_are_overridable_one_field_at_a_time():
-    p = get_profile("vllm", tool_declaration="json", tool_ids=None)
-    assert p.tool_declaration == "json" and p.split_on == "text" and get_profile("vllm").tool_declaration == "ts"
+    p = get_profile("vllm-legacy", tool_declaration="json", tool_ids=None)
+    assert p.tool_declaration == "json" and p.split_on == "text" and get_profile("vllm-legacy").tool_declaration == "ts"
     with pytest.raises(ValueError, match="unknown serving profile"):
         get_profile("tgi")
     with pytest.raises(ValueError, match="split_on"):
@@ -193,7 +193,7 @@ def dropped_record(finish, calls, billed):
 def test_a_call_the_server_dropped_is_flagged_and_nothing_is_appended(kimi):
     fmt = get_format("kimi-k2.5")
     one = [{"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    vllm = serving_options(get_profile("vllm"))
+    vllm = serving_options(get_profile("vllm-legacy"))
     # vLLM: finish tool_calls, billing says more tokens than the message holds: a second call was cut
     row = reconstruct_record(dropped_record("tool_calls", one, 40), kimi, fmt, vllm)
     text = ids_to_bytes(kimi, row.completion_ids).decode()
@@ -206,7 +206,7 @@ def test_a_call_the_server_dropped_is_flagged_and_nothing_is_appended(kimi):
     row = reconstruct_record(dropped_record("tool_calls", [], 40), kimi, fmt, vllm)
     assert "dropped_by_server" in row.flags and ids_to_bytes(kimi, row.completion_ids).decode().endswith(S)
     # SGLang length cut: every returned call complete, no section end, no <|im_end|>
-    row = reconstruct_record(dropped_record("length", one, 40), kimi, fmt, serving_options(get_profile("sglang")))
+    row = reconstruct_record(dropped_record("length", one, 40), kimi, fmt, serving_options(get_profile("sglang-legacy")))
     text = ids_to_bytes(kimi, row.completion_ids).decode()
     assert "dropped_by_server" in row.flags and text.endswith(E) and "truncated_in_tool_call" not in row.flags
     # the template profile keeps today's reading: the last call was cut inside its arguments
@@ -223,7 +223,7 @@ def test_template_profile_reconstructs_as_without_profiles(kimi):
     base = reconstruct_record(rec, kimi, fmt)
     same = reconstruct_record(rec, kimi, fmt, serving_options(PROFILES["template"]))
     assert (base.prompt_ids, base.completion_ids, base.flags) == (same.prompt_ids, same.completion_ids, same.flags)
-    served = reconstruct_record(rec, kimi, fmt, serving_options(get_profile("vllm")))
+    served = reconstruct_record(rec, kimi, fmt, serving_options(get_profile("vllm-legacy")))
     assert served.prompt_ids != base.prompt_ids and served.completion_ids == base.completion_ids
 
 
@@ -298,7 +298,7 @@ def test_finished_outputs_come_back_exactly_unless_the_server_lost_something(kim
         assert row.completion_ids == ids, (serving, "".join(t for t, _ in pieces), row.flags)
 
 
-@pytest.mark.parametrize("serving", ["vllm", "sglang"])
+@pytest.mark.parametrize("serving", ["vllm-legacy", "sglang-legacy"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pieces=outputs(text=marker_words))
 def test_marker_text_the_servers_split_on_is_always_flagged(kimi, serving, pieces):
@@ -336,9 +336,9 @@ def test_auto_picks_each_providers_profile_from_its_billed_prompt_counts(kimi):
 
     records = [billed_record(kimi, "a", "A", "template", MULTI, TOOLS),
                billed_record(kimi, "b", "B", "moonshot", MULTI, TOOLS),
-               billed_record(kimi, "c", "C", "vllm", MULTI, TOOLS, answer_ids=("call_x",)),
-               billed_record(kimi, "d", "D", "sglang", MULTI, TOOLS),
-               {**billed_record(kimi, "e", "E", "vllm", MULTI, TOOLS), "response": {"provider": "E", "choices": []}}]
+               billed_record(kimi, "c", "C", "vllm-legacy", MULTI, TOOLS, answer_ids=("call_x",)),
+               billed_record(kimi, "d", "D", "sglang-legacy", MULTI, TOOLS),
+               {**billed_record(kimi, "e", "E", "vllm-legacy", MULTI, TOOLS), "response": {"provider": "E", "choices": []}}]
     got = {c["provider"]: c for c in choose_profiles(records, kimi)}
     assert {p: c["profile"] for p, c in got.items()} == {"A": "template", "B": "moonshot", "C": "vllm-legacy",
                                                           "D": "sglang-legacy", "E": "template"}
@@ -353,7 +353,7 @@ def test_reconstruct_serving_auto_writes_the_evidence_and_renders_per_provider(k
     from kimi_eagle.apps.cli import main
 
     records = [billed_record(kimi, "a", "A", "template", MULTI, TOOLS),
-               billed_record(kimi, "b", "B", "vllm", MULTI, TOOLS, answer_ids=("chatcmpl-tool-1",))]
+               billed_record(kimi, "b", "B", "vllm-legacy", MULTI, TOOLS, answer_ids=("chatcmpl-tool-1",))]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out.parquet"
@@ -367,16 +367,16 @@ def test_reconstruct_serving_auto_writes_the_evidence_and_renders_per_provider(k
 def test_the_engine_renders_and_answers_through_its_profile(kimi):
     from kimi_eagle.engine.kimi_format import KimiPromptRenderer, kimi_chat_answer
 
-    record = billed_record(kimi, "v", "V", "vllm", MULTI, TOOLS)
+    record = billed_record(kimi, "v", "V", "vllm-legacy", MULTI, TOOLS)
     for serving in PROFILES:
         row = reconstruct_record(record, kimi, get_format("kimi-k2.5", tool_declaration=get_profile(serving).tool_declaration),
                                  serving_options(get_profile(serving)))
         assert KimiPromptRenderer(kimi, serving).prompt_ids(MULTI, TOOLS) == row.prompt_ids, serving
     cut = kimi.encode(f"r</think>{S}{B}functions.get:1{A}{{\"a\":", allow_special=True)
     assert kimi_chat_answer(cut, kimi, "length").finish_reason == "length"
-    served = kimi_chat_answer(cut, kimi, "length", "vllm")
+    served = kimi_chat_answer(cut, kimi, "length", "vllm-legacy")
     assert served.finish_reason == "tool_calls" and "tool_calls" not in served.message
-    assert kimi_chat_answer(cut, kimi, "length", "sglang").finish_reason == "length"
+    assert kimi_chat_answer(cut, kimi, "length", "sglang-legacy").finish_reason == "length"
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,8 +410,8 @@ def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
     m = billed(call_answer_record("m", "M", "tool_calls"), counts, "moonshot", full)
     # billed more than the turn holds after a complete call: a second call was cut and dropped, as vLLM and SGLang
     # do; the kit's template reading has no such tokens -> vllm (its ids), sglang (SGLang's renumbered ids)
-    v = billed(call_answer_record("v", "V", "tool_calls"), counts, "vllm", full + 9)
-    s = billed(call_answer_record("s", "S", "tool_calls", call_id="functions.get:0"), counts, "sglang", full + 9)
+    v = billed(call_answer_record("v", "V", "tool_calls"), counts, "vllm-legacy", full + 9)
+    s = billed(call_answer_record("s", "S", "tool_calls", call_id="functions.get:0"), counts, "sglang-legacy", full + 9)
     t = billed(call_answer_record("t", "T", "tool_calls"), counts, "template", full + 9)  # the prompt decides first
     with_dropped = counter(v)
     assert with_dropped["vllm-legacy"][2] and not with_dropped["moonshot"][2] and with_dropped["vllm-legacy"][1] < full + 9
@@ -425,7 +425,7 @@ def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
     # prompts only (the chat-layer default counter): vllm's group ties with moonshot, which comes first
     assert {c["provider"]: c["profile"] for c in choose_profiles([v], kimi)} == {"V": "moonshot"}
     # billed prompts no candidate renders (another tokenizer): the completion counts are no evidence either
-    other = billed(call_answer_record("o", "O", "tool_calls"), counts, "vllm", full + 9)
+    other = billed(call_answer_record("o", "O", "tool_calls"), counts, "vllm-legacy", full + 9)
     other["response"]["usage"]["prompt_tokens"] = 7
     (c,) = choose_profiles([other], kimi, counter=counter)
     assert c["profile"] == "template" and c["completion_matched"]["vllm-legacy"] == 1
@@ -444,7 +444,7 @@ def test_auto_without_evidence_is_template(kimi):
     assert describe(c) == ("provider P: template profile (no tools or tool history, and every profile renders the "
                            "prompts and completions alike)")
     # a format the profiles do not change: template whatever the counts say
-    vllm = billed_record(kimi, "c", "C", "vllm", MULTI, TOOLS, answer_ids=("call_x",))
+    vllm = billed_record(kimi, "c", "C", "vllm-legacy", MULTI, TOOLS, answer_ids=("call_x",))
     (c,) = choose_profiles([vllm], kimi, "plain")
     assert c["profile"] == "template" and c["no_evidence"] == "the chat format is not one the profiles change"
 
@@ -456,8 +456,8 @@ def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi,
     from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
 
     records = [billed_record(kimi, "a", "A", "template", MULTI, TOOLS),
-               billed_record(kimi, "b", "B", "vllm", MULTI, TOOLS, answer_ids=("chatcmpl-tool-1",)),
-               billed_record(kimi, "b2", "B", "vllm", MULTI, TOOLS, answer_ids=("chatcmpl-tool-2",)), "not an object"]
+               billed_record(kimi, "b", "B", "vllm-legacy", MULTI, TOOLS, answer_ids=("chatcmpl-tool-1",)),
+               billed_record(kimi, "b2", "B", "vllm-legacy", MULTI, TOOLS, answer_ids=("chatcmpl-tool-2",)), "not an object"]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out.parquet"
@@ -481,7 +481,7 @@ def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi,
     assert summary["serving_by_provider"] == by
     assert serving_line(by) in (bill / "report.html").read_text()
     # an explicit profile is the same for every row; an alias is written as the profile it stands for
-    assert main(["reconstruct", str(src), "-o", str(tmp_path / "t.parquet"), "--serving", "sglang", "--no-progress"]) == 0
+    assert main(["reconstruct", str(src), "-o", str(tmp_path / "t.parquet"), "--serving", "sglang-legacy", "--no-progress"]) == 0
     assert [r["serving"] for r in pq.read_table(tmp_path / "t.parquet").to_pylist()] == ["sglang-legacy"] * 3 + [None]
 
 
@@ -503,9 +503,9 @@ def test_diff_report_names_the_profile_per_provider(tmp_path):
     plain = write_report(result(), tmp_path / "plain")
     assert "serving_by_provider" not in plain and "serving profiles" not in (tmp_path / "plain" / "report.html").read_text()
     served = result()
-    served.records["serving"] = ["vllm", "sglang", "sglang"]
+    served.records["serving"] = ["vllm-legacy", "sglang-legacy", "sglang-legacy"]
     summary = write_report(served, tmp_path / "served")
-    assert summary["serving_by_provider"] == {"A": {"vllm": 1}, "B": {"sglang": 2}}
+    assert summary["serving_by_provider"] == {"A": {"vllm-legacy": 1}, "B": {"sglang-legacy": 2}}
     assert set(summary) - set(plain) == {"serving_by_provider"}
     assert serving_line(summary["serving_by_provider"]) in (tmp_path / "served" / "report.html").read_text()
 

@@ -163,6 +163,14 @@ class ParseOptions:
     tool_ids: str = "model"
     history_tool_calls: int = 0
     serving: str | ServingProfile = "template"
+    tools: tuple | list | None = None
+
+
+def _text_ids(text: str, tok: Tokenizer | None) -> list[int]:
+    """Raw completion text as IDs: marker spellings as their special tokens, the rest as ordinary text."""
+    if tok is None:
+        raise ValueError("parsing with a server version's answer rules needs the tokenizer")
+    return tok.encode(text, allow_special=set(MARKERS))
 
 
 def _cut_at_im_end(units: list[tuple[str, bool]], flags: list[str]) -> tuple[list[tuple[str, bool]], bool]:
@@ -218,6 +226,11 @@ def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
     if options.tool_ids not in TOOL_ID_OUTPUTS:
         raise ValueError(f"unknown tool_ids {options.tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
     profile = get_profile(options.serving)
+    if profile.answer_rules != "legacy":  # a server version read off its recorded answers
+        from kimi_eagle.chat.served_answer import parse_served
+
+        ids = source if not isinstance(source, str) else _text_ids(source, tok)
+        return parse_served(list(ids), tok, profile, options)
     flags: list[str] = []
     if isinstance(source, str):
         units, n_tokens = _units_from_text(source), None

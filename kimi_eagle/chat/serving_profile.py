@@ -42,6 +42,11 @@ class ServingProfile:
 
     Metadata (no parsing code reads it): ``server`` and ``version`` (from the profile file's header) and
     ``streaming`` (the profile describes the server's streaming path).
+
+    ``answer_rules``: ``legacy`` (the completion-side fields above, as first transcribed) or the name of a
+    server version whose answers :mod:`kimi_eagle.chat.served_answer` reproduces from its recorded vectors
+    (``vllm-0.33``: decode with ``spaces_between_special_tokens``, the parser engine in text mode, or in ID
+    mode when ``streaming``); the fields from ``split_on`` to ``strip_reasoning`` are then not read.
     """
 
     name: str
@@ -65,6 +70,7 @@ class ServingProfile:
     omit_think_end_before_tools: bool = False
     tool_ids: str = "auto"
     spaces_between_special_tokens: bool = False
+    answer_rules: str = "legacy"
     server: str = ""
     version: str = ""
     streaming: bool = False
@@ -87,6 +93,7 @@ CHOICES: dict[str, tuple] = {
     "split_on": ("ids", "text"), "finish_on_section": ("never", "on_stop", "always"),
     "unterminated_call": ("keep", "drop"), "name_rule": ("after_prefix", "last_dot"), "id_chars": ("any", "word_dot"),
     "id_rule": ("model", "sglang"), "tool_ids": ("auto", "normalise", "keep"),
+    "answer_rules": ("legacy", "vllm-0.33", "sglang-0.5"),
 }
 
 

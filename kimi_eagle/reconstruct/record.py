@@ -29,6 +29,7 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
 from kimi_eagle.chat.serving import PROFILES, ServingProfile, preprocess_request
+from kimi_eagle.chat.unserve import unserve_turn
 from kimi_eagle.io import fast_loads, loads_exact, parse_line
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
@@ -313,11 +314,13 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         raise RecordError("request.tools is not a list")
     turn = parse_turn(response)
     request, messages, options, fmt = _served(request, messages, tools, options, fmt, (provider, dataset))
+    turn, unserved = unserve_turn(turn, getattr(options, "serving", PROFILES["template"]),  # chat/unserve.py
+                                  thinking=getattr(fmt, "thinking", True))
     enc = encoder if encoder is not None else PieceEncoder(tok)
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
     flags: list[str] = reasoning_details_flags(response["choices"][0]["message"])  # kimi_eagle.reconstruct.reasoning
-    flags += answer_flags(response, turn)
+    flags += answer_flags(response, turn) + unserved
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc)
     if prompt_marker:
         flags.append("prompt_literal_marker")
