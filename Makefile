@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test lint test-browser test-scale bench clean
+.PHONY: install demo test lint test-browser test-scale bench clean server-vectors
 
 $(STAMP): pyproject.toml requirements-interop.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: install
 	$(PY) -m kimi_eagle demo -o runs/demo
 
 lint: install
-	$(PY) -m ruff check kimi_eagle tests bench
+	$(PY) -m ruff check kimi_eagle tests bench tools
 
 # the real-browser test (tests/test_browser.py) runs whenever /usr/bin/chromium exists and skips itself otherwise
 test: install lint
@@ -39,3 +39,20 @@ bench: install
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The real servers as the reference (never part of `make test`; docs/servers.md): builds a separate environment
+# (vLLM 0.33.0 and SGLang 0.5.23 from PyPI, about 10 GB), asks both about the seeded corpus and writes their
+# answers and prompts to tests/data/servers/. MODEL_DIR: a Kimi-K2.5 checkpoint directory (or its tokenizer
+# files) holding Moonshot's tokenization_kimi.py and tool_declaration_ts.py; the kit never runs that code.
+SERVER_VENV ?= .server-venv
+MODEL_DIR ?=
+server-vectors: install
+	@test -n "$(MODEL_DIR)" || { echo "usage: make server-vectors MODEL_DIR=DIR (a Kimi-K2.5 directory holding tokenization_kimi.py)"; exit 2; }
+	@test -f "$(MODEL_DIR)/tokenization_kimi.py" || { echo "$(MODEL_DIR) holds no tokenization_kimi.py"; exit 2; }
+	test -x $(SERVER_VENV)/bin/python || python3 -m venv $(SERVER_VENV)
+	$(SERVER_VENV)/bin/pip install -q vllm==0.33.0
+	$(SERVER_VENV)/bin/pip install -q --no-deps sglang==0.5.23
+	$(SERVER_VENV)/bin/pip install -q -r tools/server_vectors/sglang-extras.txt
+	$(PY) tools/server_vectors/corpus.py --answers 3000 --prompts 640 --seed 0 -o $(SERVER_VENV)/corpus.jsonl
+	$(SERVER_VENV)/bin/python tools/server_vectors/collect_vllm.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out tests/data/servers
+	$(SERVER_VENV)/bin/python tools/server_vectors/collect_sglang.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out tests/data/servers

@@ -6,8 +6,11 @@ import sys
 import pytest
 
 from kimi_eagle.assets import kimi_dir
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.convert import convert, convert_file
 from kimi_eagle.reconstruct.job import JobOptions, read_rows, reconstruct_file
+from kimi_eagle.reconstruct.record import reconstruct_record
+from kimi_eagle.records import RecordError
 
 
 def by_id(records):
@@ -96,3 +99,48 @@ def test_cli_writes_jsonl_with_limit(tmp_path):
     assert f"{len(lines)} API records" in res.stdout
     with pytest.raises(ValueError, match="unknown source"):
         list(convert("alpaca"))
+
+
+# --------------------------------------------------------------------------------------------
+# Answer shapes of real providers, as `convert --from openai` reads them (minimal synthetic answers)
+
+REQUEST = {"model": "kimi", "messages": [{"role": "user", "content": "Look it up."}],
+           "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]}
+
+
+def _answer(rid: str, message: dict, finish: str = "stop", **usage) -> dict:
+    return {"id": rid, "request": REQUEST, "response": {
+        "id": f"gen-{rid}", "object": "chat.completion", "model": "kimi",
+        "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", **message}}],
+        "usage": {"prompt_tokens": 20, "completion_tokens": 9, **usage}}}
+
+
+def test_real_provider_answer_shapes_convert_and_reconstruct(tmp_path, kimi):
+    calls = [{"id": i, "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+             for i in ("functions.lookup:0", "lookup:1", "call_Zx81Qp0RtY5uWv3", "0", "lookup_1")]
+    items = [  # OpenRouter: reasoning + reasoning_details; Moonshot / Avian: reasoning_content; leading spaces
+        _answer("openrouter", {"content": " Done.", "reasoning": " Think.",
+                               "reasoning_details": [{"type": "reasoning.text", "text": " Think."}]}),
+        _answer("moonshot", {"content": None, "reasoning_content": "Think.", "tool_calls": calls}, "tool_calls"),
+        # Moonshot bills one reasoning token for an empty reasoning (the `</think>` it writes)
+        _answer("empty-reasoning", {"content": "OK", "reasoning_content": ""},
+                completion_tokens_details={"reasoning_tokens": 1})]
+    src = tmp_path / "log.jsonl"
+    src.write_text("".join(json.dumps(i) + "\n" for i in items))
+    records = by_id(convert("openai", src))
+    assert [c["id"] for c in records["moonshot"]["response"]["choices"][0]["message"]["tool_calls"]] == [
+        c["id"] for c in calls]  # every tool-id style kept as sent
+    rows = {rid: reconstruct_record(r, kimi, get_format("kimi-k2.5")) for rid, r in records.items()}
+    assert {r.status for r in rows.values()} == {"ok"}
+    text = kimi.decode(rows["openrouter"].completion_ids)
+    assert text.startswith(" Think.</think> Done.")  # leading spaces encoded as sent
+    assert "no_reasoning" in rows["empty-reasoning"].flags and rows["empty-reasoning"].billed_reasoning_tokens == 1
+
+
+def test_an_empty_answer_is_kept_by_convert_and_refused_by_name_by_reconstruct(tmp_path, kimi):
+    src = tmp_path / "log.jsonl"
+    src.write_text(json.dumps(_answer("empty", {"content": "", "reasoning_content": None})) + "\n")
+    (record,) = convert("openai", src)
+    assert "error" not in record and record["response"]["choices"][0]["message"]["content"] == ""
+    with pytest.raises(RecordError, match="^message has no reasoning, no content and no tool calls$"):
+        reconstruct_record(record, kimi, get_format("kimi-k2.5"))

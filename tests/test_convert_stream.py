@@ -3,14 +3,18 @@
 the assembler agrees with the SDK's own stream accumulator; nothing in the file is dropped."""
 import json
 
+import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 from upstream_sse import answer, sse, stream_chunks
 
 from kimi_eagle.apps import cli
+from kimi_eagle.chat.formats import get_format
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.reconstruct.convert import convert
+from kimi_eagle.reconstruct.record import reconstruct_record
 from kimi_eagle.reconstruct.stream import assemble_chunks
+from kimi_eagle.records import RecordError
 
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}]}
 ARGS = '{"city": "Paris"}'
@@ -122,3 +126,95 @@ def test_the_cli_converts_a_logged_stream(tmp_path, capsys):
     (rec,) = [line.obj for line in read_jsonl(out)]
     assert rec["id"] == "chatcmpl-z" and rec["response"]["choices"][0]["message"]["content"] == "hellothere"
     assert "1 API records from openai-stream" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# Answer shapes of real providers (minimal synthetic streams of each shape)
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _chunk(delta: dict | None = None, finish: str | None = None, cid: str = "gen-s", **extra) -> dict:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": cid, "object": "chat.completion.chunk", "model": "kimi", "choices": choices, **extra}
+
+
+def _convert_chunks(tmp_path, chunks: list[dict], request: dict = REQUEST) -> dict:
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps({"request": request, "chunks": chunks}) + "\n")
+    (record,) = convert("openai-stream", path)
+    return record
+
+
+def _reconstructed(record: dict, tok):
+    return reconstruct_record(record, tok, get_format("kimi-k2-instruct"))
+
+
+def test_a_tool_call_name_that_arrives_after_its_id_and_index_is_assembled(tmp_path, kimi):
+    chunks = [_chunk({"role": "assistant", "content": ""}),
+              _chunk({"tool_calls": [{"index": 0, "id": "functions.lookup:0", "type": "function",
+                                      "function": {"arguments": ""}}]}),
+              _chunk({"tool_calls": [{"index": 0, "function": {"name": "lookup"}}]}),
+              _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"q": 1}'}}]}),
+              _chunk({}, "tool_calls")]
+    record = _convert_chunks(tmp_path, chunks, {**REQUEST, "tools": TOOLS})
+    (call,) = record["response"]["choices"][0]["message"]["tool_calls"]
+    assert call == {"id": "functions.lookup:0", "type": "function", "function": {"arguments": '{"q": 1}', "name": "lookup"}}
+    assert _reconstructed(record, kimi).status == "ok"
+
+
+def test_an_empty_name_and_id_repeated_in_every_argument_fragment_never_erase_the_first(tmp_path, kimi):
+    """Some providers send ``"id": ..., "function": {"name": ""}`` (or a null id) with every argument piece."""
+    frag = lambda args, name="", cid="functions.lookup:0": {"index": 0, "id": cid, "type": "function",
+                                                            "function": {"name": name, "arguments": args}}
+    chunks = [_chunk({"role": "assistant", "content": ""}), _chunk({"tool_calls": [frag("", "lookup")]}),
+              _chunk({"tool_calls": [frag('{"q"')]}), _chunk({"tool_calls": [frag(": 1}", cid=None)]}),
+              _chunk({"tool_calls": [{**frag("", "lookup2", ""), "index": 1}]}),
+              _chunk({"tool_calls": [{**frag("{}", "", "functions.lookup2:1"), "index": 1}]}), _chunk({}, "tool_calls")]
+    record = _convert_chunks(tmp_path, chunks, {**REQUEST, "tools": TOOLS})
+    calls = record["response"]["choices"][0]["message"]["tool_calls"]
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("functions.lookup:0", "lookup", '{"q": 1}'), ("functions.lookup2:1", "lookup2", "{}")]  # "" id replaced
+    assert _reconstructed(record, kimi).status == "ok"
+
+
+def test_usage_inside_choices_0_becomes_the_answers_usage(tmp_path):
+    """Moonshot's own API streams its final usage inside ``choices[0]``, not at the top level."""
+    usage = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+             "completion_tokens_details": {"reasoning_tokens": 1}}
+    last = _chunk({}, "stop")
+    last["choices"][0]["usage"] = usage
+    chunks = [_chunk({"role": "assistant", "content": ""}), _chunk({"reasoning_content": ""}), _chunk({"content": "OK"}), last]
+    response = _convert_chunks(tmp_path, chunks)["response"]
+    assert response["usage"] == usage and "usage" not in response["choices"][0]
+    assert list(response)[-1] == "usage"
+    top = {**usage, "prompt_tokens": 13}
+    both = assemble_chunks(chunks + [_chunk(usage=top)])  # a top-level usage too: the top level wins
+    assert both["usage"] == top and "usage" not in both["choices"][0]
+
+
+def test_real_provider_answer_shapes_are_kept_as_sent(tmp_path):
+    """``reasoning_content`` beside ``reasoning_details``, leading spaces, every tool-id style: verbatim."""
+    ids = ["functions.lookup:0", "lookup:1", "call_Zx81Qp0RtY5uWv3", "0", "lookup_1"]
+    chunks = [_chunk({"role": "assistant", "content": ""}),
+              _chunk({"reasoning_content": " I will", "reasoning_details": [{"type": "reasoning.text", "text": " I will",
+                                                                              "index": 0}]}),
+              _chunk({"reasoning_content": " look.", "reasoning_details": [{"type": "reasoning.text", "text": " look.",
+                                                                             "index": 0}]}),
+              _chunk({"content": " Sure."})]
+    chunks += [_chunk({"tool_calls": [{"index": k, "id": i, "type": "function",
+                                       "function": {"name": "lookup", "arguments": "{}"}}]}) for k, i in enumerate(ids)]
+    chunks.append(_chunk({}, "tool_calls"))
+    message = _convert_chunks(tmp_path, chunks, {**REQUEST, "tools": TOOLS})["response"]["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (" I will look.", " Sure.")
+    assert message["reasoning_details"] == [{"type": "reasoning.text", "text": " I will look.", "index": 0}]
+    assert [c["id"] for c in message["tool_calls"]] == ids
+
+
+def test_an_empty_streamed_answer_is_kept_as_it_is_and_refused_by_name_by_reconstruct(tmp_path, kimi):
+    """No content, no reasoning, no tool calls: the record keeps the empty message (nothing dropped);
+    reconstruction refuses it with its one-line reason (a server answers that when it could not parse a call)."""
+    record = _convert_chunks(tmp_path, [_chunk({"role": "assistant", "content": ""}), _chunk({}, "stop")])
+    assert "error" not in record and record["response"]["choices"][0]["message"] == {"role": "assistant", "content": ""}
+    with pytest.raises(RecordError, match="^message has no reasoning, no content and no tool calls$"):
+        _reconstructed(record, kimi)

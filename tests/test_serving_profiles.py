@@ -276,7 +276,10 @@ def roundtrip(kimi, pieces, serving):
 # marker text the servers split on, a cut inside reasoning or a character, closers chosen by billing; a row
 # without any of these either has the engine's IDs or a completion count that differs from the billed one
 TELLS = {"dropped_by_server", "literal_marker", "tool_id_renumbered", "truncated_in_reasoning", "invalid_utf8",
-         "truncation_resolved_by_billing", "truncation_ambiguous"}
+         "truncation_resolved_by_billing", "truncation_ambiguous",
+         # what today's server versions lose (chat/unserve.py; measured against the real servers in test_server_roundtrip)
+         "reasoning_end_unknown", "before_tools_unknown", "arguments_whitespace_unknown", "empty_arguments_ambiguous",
+         "tool_id_unknown", "content_end_unknown"}
 
 
 @pytest.mark.parametrize("serving", list(PROFILES))

@@ -28,7 +28,6 @@ drop the token that stopped generation).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -48,22 +47,10 @@ class DetokOptions:
     incremental: bool = True
 
 
-@lru_cache(maxsize=8)
-def _added_ids(tok: Tokenizer) -> frozenset[int]:
-    """IDs the slow HF tokenizer treats as added tokens: the specials its config names."""
-    return frozenset(s.id for s in tok.special_tokens if s.text != f"<|reserved_token_{s.id}|>")
-
-
-@lru_cache(maxsize=8)
-def _hf_special_ids(tok: Tokenizer) -> frozenset[int]:
-    """IDs ``skip_special_tokens`` removes (added tokens flagged ``special``)."""
-    return frozenset(s.id for s in tok.special_tokens if s.hf_special and s.id in _added_ids(tok))
-
-
 def _join(ids: Sequence[int], tok: Tokenizer, opts: DetokOptions) -> str:
     """The text of ``ids`` as one decode: runs of ordinary tokens as UTF-8 (invalid bytes replaced),
     added tokens as their text, the sub-texts joined by a space when ``opts.spaces``."""
-    added, skipped = _added_ids(tok), _hf_special_ids(tok) if opts.skip_special else frozenset()
+    added, skipped = tok.named_special_ids, tok.skipped_special_ids if opts.skip_special else frozenset()
     subs: list[str] = []
     run: list[bytes] = []
     for i in ids:
@@ -110,3 +97,8 @@ def served_text(ids: Sequence[int], tok: Tokenizer, opts: DetokOptions = DetokOp
                 prompt_tail: Sequence[int] = ()) -> str:
     """The decoded text of ``ids`` as the server's detokenizer releases it (see :func:`served_pieces`)."""
     return "".join(served_pieces(ids, tok, opts, prompt_tail))
+
+
+def _hf_special_ids(tok: Tokenizer) -> frozenset[int]:
+    """The IDs ``skip_special_tokens`` removes (the tokenizer's ``skipped_special_ids``)."""
+    return tok.skipped_special_ids

@@ -222,6 +222,15 @@ def _checked_aliases(aliases: dict[str, tuple[str, str]], entries: dict[str, _En
     return {alias: target for alias, (target, _) in aliases.items()}
 
 
+def _check_stream_profiles(profiles: dict[str, ServingProfile], entries: dict[str, _Entry]) -> None:
+    """A ``stream_profile`` names a streaming profile (not an alias, not itself)."""
+    for name, p in profiles.items():
+        target = profiles.get(p.stream_profile) if p.stream_profile else None
+        if p.stream_profile and (target is None or not target.streaming or target is p):
+            raise _error(entries[name].file, f"profile {name}: stream_profile {p.stream_profile!r} is no streaming "
+                                             "profile")
+
+
 def _candidates(entries: dict[str, _Entry]) -> tuple[str, ...]:
     ranked: dict[int, str] = {}
     for e in entries.values():
@@ -249,6 +258,7 @@ def read_profiles(folder: str | Path | None = None) -> ProfileSet:
             _add_alias(aliases, path.name, alias, target)
     done: dict[str, dict[str, Any]] = {}
     profiles = {name: _build(e, _resolved(name, entries, done)) for name, e in entries.items()}
+    _check_stream_profiles(profiles, entries)
     candidates = _candidates(entries)
     order = [*candidates, *(n for n in profiles if n not in candidates)]
     return ProfileSet({n: profiles[n] for n in order}, _checked_aliases(aliases, entries), candidates)

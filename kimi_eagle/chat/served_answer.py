@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Sequence
 
 from kimi_eagle.chat.detok import DetokOptions, served_pieces
@@ -57,14 +56,12 @@ class ServedAnswer:
     text: str = ""
 
 
-@lru_cache(maxsize=8)
 def _special_tables(tok: Tokenizer) -> tuple[dict[int, str], frozenset[int], tuple[str, ...]]:
     """Marker IDs, the IDs of other named specials the parser drops, and their spellings."""
     by_text = tok.special_id_by_text
     markers = {by_text[m]: m for m in MARKER_TEXTS if m in by_text}
-    drops = [s for s in tok.special_tokens
-             if s.hf_special and s.text != f"<|reserved_token_{s.id}|>" and s.id not in markers]
-    return markers, frozenset(s.id for s in drops), tuple(s.text for s in drops)
+    drops = tok.skipped_special_ids - set(markers)
+    return markers, drops, tuple(tok.special_text_by_id[i] for i in sorted(drops))
 
 
 def served_answer(ids: Sequence[int], tok: Tokenizer, opts: ServedOptions) -> ServedAnswer:
@@ -272,6 +269,10 @@ def _stripped(answer: ServedAnswer, written: Any, model_args: list[str]) -> bool
 
 def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any) -> Any:
     """``parse_completion`` for profiles with server ``answer_rules`` (``ParseOptions`` -> ``ParsedCompletion``)."""
+    if profile.answer_rules == "sglang-0.5":  # SGLang 0.5: kimi_eagle/chat/served_sglang.py
+        from kimi_eagle.chat.served_sglang import parse_sglang
+
+        return parse_sglang(ids, tok, profile, options)
     from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
 
     written = parse_completion(ids, tok, ParseOptions(format_name=options.format_name,

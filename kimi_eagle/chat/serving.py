@@ -19,14 +19,18 @@ Kimi-K2 parsers). :data:`CANDIDATES` are the profiles ``--serving auto`` tries (
 >>> get_profile("vllm", split_on="ids").split_on  # one field overridden
 'ids'
 
-:func:`preprocess_request` applies a profile's prompt side to request messages and tools.
+:func:`preprocess_request` applies a profile's prompt side to request messages and tools, and
+:func:`served_prompt_pieces` to the rendered prompt pieces (``marker_text``).
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, replace
-from typing import Any
+from functools import lru_cache
+from typing import Any, Iterable, Mapping
 
+from kimi_eagle.chat.completion import CONTENT, SPECIAL, Piece
 from kimi_eagle.chat.profile_files import load_profiles as load_profiles
 from kimi_eagle.chat.profile_files import read_profiles
 from kimi_eagle.chat.serving_profile import CHOICES as CHOICES
@@ -105,12 +109,16 @@ def _history_calls(m: dict, profile: ServingProfile, i: int) -> dict:
     return {**m, "tool_calls": calls}
 
 
-def _joined_tool_text(m: dict, joiner: str) -> dict:
+def _joined_text(m: dict, joiner: str, drop_empty: bool) -> dict:
+    """``m`` with its content parts joined into one string (only when every part is text)."""
     c = m.get("content")
     if not isinstance(c, list) or not all(isinstance(p, str) or isinstance(p, dict) and p.get("type") == "text"
                                           for p in c):
         return m
-    return {**m, "content": joiner.join(p if isinstance(p, str) else _text(p.get("text", "")) for p in c)}
+    texts = [p if isinstance(p, str) else p.get("text", "") for p in c]
+    if drop_empty:  # vLLM: a part whose text is None is skipped, an empty one is not appended
+        texts = [t for t in texts if t is not None and t != ""]
+    return {**m, "content": joiner.join(_text(t) for t in texts)}
 
 
 def _text(value: Any) -> str:
@@ -133,10 +141,61 @@ def preprocess_request(messages: list[dict], tools: list | None,
         if profile.history_arguments == "reserialise" and m.get("role") == "assistant" and isinstance(
                 m.get("tool_calls"), list):
             m = _history_calls(m, profile, i)
-        if profile.tool_part_join is not None and m.get("role") == "tool":
-            m = _joined_tool_text(m, profile.tool_part_join)
+        if profile.tool_part_join is not None and (profile.part_join_roles == "all" or m.get("role") == "tool"):
+            m = _joined_text(m, profile.tool_part_join, profile.empty_parts == "drop")
         out.append(m)
     return out, tools
+
+
+def served_prompt_pieces(pieces: Iterable[Piece], profile: ServingProfile,
+                         specials: Mapping[str, int]) -> list[Piece]:
+    """The rendered prompt ``pieces`` as ``profile``'s server tokenizes them (``specials``: the tokenizer's
+    special spellings, e.g. ``tok.special_id_by_text``).
+
+    ``marker_text = "text"``: unchanged. ``"special"``: the server tokenizes the rendered string whole, so every
+    special spelling in its plain text (a ``</think>`` in content, a ``<|im_end|>`` in a tool result) becomes
+    that special token; consecutive plain pieces are scanned as the one string they render to.
+
+    >>> from kimi_eagle.chat.completion import TEXT
+    >>> served_prompt_pieces([("a</th", TEXT), ("ink>b", TEXT)], get_profile("template", marker_text="special"),
+    ...                      {"</think>": 1})
+    [('a', 2), ('</think>', 1), ('b', 2)]
+    """
+    if profile.marker_text == "text":
+        return list(pieces)
+    pattern = _special_pattern(frozenset(specials))
+    out: list[Piece] = []
+    run: list[Piece] = []
+
+    def flush() -> None:
+        text = "".join(t for t, _ in run)
+        if pattern is None or pattern.search(text) is None:
+            out.extend(run)
+        else:
+            at = 0
+            for found in pattern.finditer(text):
+                if found.start() > at:
+                    out.append((text[at:found.start()], CONTENT))
+                out.append((found.group(), SPECIAL))
+                at = found.end()
+            if at < len(text):
+                out.append((text[at:], CONTENT))
+        run.clear()
+
+    for piece in pieces:
+        if piece[1] == SPECIAL and piece[0] in specials:
+            flush()
+            out.append(piece)
+        else:
+            run.append(piece)
+    flush()
+    return out
+
+
+@lru_cache(maxsize=8)
+def _special_pattern(specials: frozenset[str]) -> re.Pattern | None:
+    """One regex for the spellings, longest first (no spelling is a prefix of another at the same place)."""
+    return re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))) if specials else None
 
 
 def history_call_count(messages: list[dict]) -> int:

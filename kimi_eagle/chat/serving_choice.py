@@ -27,7 +27,14 @@ from typing import Any, Callable, Iterable
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.serving import CANDIDATES, PROFILES, history_call_count, preprocess_request
+from kimi_eagle.chat.serving import (
+    CANDIDATES,
+    PROFILES,
+    ServingProfile,
+    history_call_count,
+    preprocess_request,
+    served_prompt_pieces,
+)
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
@@ -68,7 +75,8 @@ def prompt_counts(record: dict, encoders: dict[str, tuple[Any, PieceEncoder]]) -
         try:
             messages = normalise_messages(request.get("messages"))
             messages, tools = preprocess_request(messages, request.get("tools"), PROFILES[name])
-            out[name] = len(enc.encode(fmt.prompt_pieces(messages, tools)))
+            pieces = served_prompt_pieces(fmt.prompt_pieces(messages, tools), PROFILES[name], enc.tok.special_id_by_text)
+            out[name] = len(enc.encode(pieces))
         except (RecordError, AttributeError, KeyError, TypeError, ValueError):
             out[name] = None
     return out
@@ -93,13 +101,15 @@ def _best(names: list[str], matched: dict[str, int]) -> list[str]:
 
 def _pick(g: dict[str, Any]) -> str:
     """The group's profile: no usable evidence -> ``template``; else the most prompt matches, ties broken by
-    completion matches, then by SGLang's ids (the first tied profile with ``id_rule`` ``sglang``), then by
-    :data:`CANDIDATES` order."""
+    completion matches, then by the answers' conventions (:func:`answer_consistent`), then by SGLang's ids (the
+    first tied profile with ``id_rule`` ``sglang``), then by :data:`CANDIDATES` order."""
     if no_evidence(g):
         return "template"
     tied = _best(list(CANDIDATES), g["prompt_matched"])
     if g["completion_compared"]:
         tied = _best(tied, g["completion_matched"])
+    if g.get("answer_compared"):
+        tied = _best(tied, g["answer_matched"])
     renumbering = [n for n in tied if PROFILES[n].id_rule == "sglang"]
     if renumbering and g["sglang_votes"] and all(g["sglang_votes"]):
         return renumbering[0]
@@ -108,7 +118,8 @@ def _pick(g: dict[str, Any]) -> str:
 
 def _new_group() -> dict[str, Any]:
     return {"compared": 0, "prompt_matched": dict.fromkeys(CANDIDATES, 0), "completion_compared": 0,
-            "completion_matched": dict.fromkeys(CANDIDATES, 0), "sglang_votes": [], "tool_relevant": False,
+            "completion_matched": dict.fromkeys(CANDIDATES, 0), "answer_compared": 0,
+            "answer_matched": dict.fromkeys(CANDIDATES, 0), "sglang_votes": [], "tool_relevant": False,
             "prompts_differ": False}
 
 
@@ -126,9 +137,43 @@ def _add_evidence(g: dict[str, Any], record: dict, counts: dict[str, Any], bille
         g["completion_compared"] += 1
         for name, c in completions.items():
             g["completion_matched"][name] += c is not None and completion_agrees(c[0], c[1], billed_completion)
+    votes = {name: answer_consistent(record, PROFILES[name]) for name in CANDIDATES}
+    if len({v for v in votes.values() if v is not None}) > 1:  # evidence only where the candidates' answers differ
+        g["answer_compared"] += 1
+        for name, v in votes.items():
+            g["answer_matched"][name] += bool(v)
     vote = _sglang_ids(record)
     if vote is not None:
         g["sglang_votes"].append(vote)
+
+
+def _message(record: dict) -> dict | None:
+    try:
+        choice = record["response"]["choices"][0]
+        return {**choice["message"], "finish_reason": choice.get("finish_reason")}
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def answer_consistent(record: dict, profile: ServingProfile) -> bool | None:
+    """Could ``profile``'s server have written this answer? ``None`` when the answer says nothing either way.
+
+    Read from the answer alone: a leading space in reasoning (or in content after reasoning) is the
+    detokenizer's ``spaces_between_special_tokens`` (servers with it on always start them with one; without
+    it, or with the jinja alone, a model rarely does); a length cut that still returns a tool call is vLLM
+    0.33's (older vLLM and SGLang drop the cut call and report ``tool_calls``).
+    """
+    msg = _message(record)
+    if not isinstance(msg, dict):
+        return None
+    first = next((t for t in (msg.get("reasoning") or msg.get("reasoning_content"), msg.get("content"))
+                  if isinstance(t, str) and t), None)
+    verdicts = []
+    if first is not None:
+        verdicts.append(first.startswith(" ") == profile.spaces_between_special_tokens)
+    if msg.get("finish_reason") == "length" and msg.get("tool_calls"):
+        verdicts.append(profile.answer_rules == "vllm-0.33" or profile.unterminated_call == "keep")
+    return all(verdicts) if verdicts else None
 
 
 def completion_agrees(count: int, dropped: bool, billed: int) -> bool:
@@ -204,4 +249,6 @@ def describe(choice: dict[str, Any]) -> str:
     line = f"{where}: {name} profile, prompt counts matched {choice['prompt_matched'][name]}/{choice['compared']}"
     if choice.get("completion_compared"):
         line += f", completion counts matched {choice['completion_matched'][name]}/{choice['completion_compared']}"
+    if choice.get("answer_compared"):
+        line += f", answers consistent {choice['answer_matched'][name]}/{choice['answer_compared']}"
     return line

@@ -24,7 +24,12 @@ class ServingProfile:
     one that is not JSON, and with JSON that is not an object: ``verbatim``, ``empty_object`` (``{}``),
     ``parsed`` (the parsed value) or ``reject`` (the server answers HTTP 400: the record is an error)); ``drop_none_keys`` (message keys
     whose value is ``None`` are removed before rendering); ``tool_part_join`` (``None``: the template
-    concatenates a tool message's text parts; a string: the server joins them with it first).
+    concatenates a tool message's text parts; a string: the server joins them with it first);
+    ``part_join_roles`` (whose text parts ``tool_part_join`` joins: ``tool`` messages only | ``all``
+    messages); ``empty_parts`` (``keep`` | ``drop``: text parts whose text is empty, ``None`` or missing are
+    left out before joining); ``marker_text`` (``text``: special-token spellings inside request text stay
+    ordinary tokens, the kit's reading | ``special``: the server tokenizes the rendered prompt whole, so each
+    spelling there becomes its special token: :func:`kimi_eagle.chat.serving.served_prompt_pieces`).
 
     Completion side: ``split_on`` (``ids``: only marker special tokens split; ``text``: the decoded text is
     split on marker spellings, as servers do); ``finish_on_section`` (``never``: ``tool_calls`` only when a
@@ -47,6 +52,8 @@ class ServingProfile:
     server version whose answers :mod:`kimi_eagle.chat.served_answer` reproduces from its recorded vectors
     (``vllm-0.33``: decode with ``spaces_between_special_tokens``, the parser engine in text mode, or in ID
     mode when ``streaming``); the fields from ``split_on`` to ``strip_reasoning`` are then not read.
+    ``stream_profile``: the profile of the same server's streaming path (a streamed record, one whose converted
+    record has a ``stream`` entry, is reconstructed with it).
     """
 
     name: str
@@ -58,6 +65,9 @@ class ServingProfile:
     nonobject_arguments: str = "verbatim"
     drop_none_keys: bool = False
     tool_part_join: str | None = None
+    part_join_roles: str = "tool"
+    empty_parts: str = "keep"
+    marker_text: str = "text"
     split_on: str = "ids"
     finish_on_section: str = "never"
     unterminated_call: str = "keep"
@@ -71,6 +81,7 @@ class ServingProfile:
     tool_ids: str = "auto"
     spaces_between_special_tokens: bool = False
     answer_rules: str = "legacy"
+    stream_profile: str = ""
     server: str = ""
     version: str = ""
     streaming: bool = False
@@ -90,6 +101,7 @@ CHOICES: dict[str, tuple] = {
     "empty_arguments": ("verbatim", "empty_object", "reject"),
     "invalid_arguments": ("verbatim", "empty_object", "reject"),
     "nonobject_arguments": ("verbatim", "parsed", "empty_object", "reject"),
+    "part_join_roles": ("tool", "all"), "empty_parts": ("keep", "drop"), "marker_text": ("text", "special"),
     "split_on": ("ids", "text"), "finish_on_section": ("never", "on_stop", "always"),
     "unterminated_call": ("keep", "drop"), "name_rule": ("after_prefix", "last_dot"), "id_chars": ("any", "word_dot"),
     "id_rule": ("model", "sglang"), "tool_ids": ("auto", "normalise", "keep"),

@@ -15,6 +15,20 @@ changed the IDs:
   section the server did not return (or cut right after its opener) may follow;
 - ``tool_id_unknown``: the server replaced an id it could not read with a random one: the model's id is lost.
 
+SGLang 0.5 (``answer_rules = "sglang-0.5"``) adds no space and strips neither reasoning nor content, so its
+text is kept as it is (``""`` content is none); its parsers remove, and the row is flagged:
+
+- ``tool_id_renumbered``: every id is SGLang's ``functions.NAME:{history calls + position}``; the id the model
+  wrote (its own index, ``NAME:N``, a bare counter, whitespace around it) is not in the answer;
+- ``arguments_whitespace_unknown`` (non-streamed): whitespace around ids and arguments is dropped;
+  ``dropped_by_server`` (non-streamed, length cut with calls): the call the cut was in is dropped;
+- ``before_tools_unknown``: calls and no content, as above; ``content_end_unknown``: no call and no content
+  (the reasoning may have run into a tool section SGLang dropped), or streamed content beside calls (it also
+  holds the text the model wrote between and after its calls, markers deleted);
+- ``empty_arguments_ambiguous`` (streamed): ``{}`` as the last call's arguments may be SGLang's completion of
+  empty (or ``{``) arguments;
+- ``invalid_utf8``: a character cut by the end of the output comes back as U+FFFD.
+
 >>> from kimi_eagle.chat.completion import Turn, ToolCall
 >>> from kimi_eagle.chat.serving import get_profile
 >>> turn = Turn(" I look.", " Sure. ", [ToolCall("functions.get:0", "get", '{"q": 1}')], "tool_calls")
@@ -47,6 +61,8 @@ def unserve_turn(turn: Turn, profile: ServingProfile, thinking: bool = True) -> 
     """
     if profile.answer_rules == "legacy":
         return turn, []
+    if profile.answer_rules == "sglang-0.5":
+        return _unserve_sglang(turn, profile.streaming)
     spaces, stream = profile.spaces_between_special_tokens, profile.streaming
     flags = ["reasoning_end_unknown"] if thinking or turn.reasoning is not None else []
     reasoning = _unspace_lead(turn.reasoning, spaces)
@@ -80,3 +96,28 @@ def _unserve_call(call: ToolCall, spaces: bool, stream: bool, cut: bool, flags: 
     if args == "{}":
         flags.append("empty_arguments_ambiguous")
     return call
+
+
+def _unserve_sglang(turn: Turn, stream: bool) -> tuple[Turn, list[str]]:
+    """SGLang 0.5 (:mod:`kimi_eagle.chat.served_sglang`): its text is the model's (no space added, nothing
+    stripped from reasoning or content), its ``""`` content is none; what its parsers removed is flagged."""
+    flags: list[str] = []
+    calls = turn.tool_calls
+    content = turn.content or None
+    if any(isinstance(t, str) and "\ufffd" in t for t in [turn.reasoning, turn.content, *(c.arguments for c in calls)]):
+        flags.append("invalid_utf8")  # the decode released a cut character as U+FFFD
+    if calls:
+        flags.append("tool_id_renumbered")  # every id is functions.NAME:{history + position}: the model's is unknown
+        if content is None:
+            flags.append("before_tools_unknown")
+        if not stream:
+            flags.append("arguments_whitespace_unknown")  # whitespace around ids and arguments dropped
+            if turn.finish_reason == "length":
+                flags.append("dropped_by_server")  # the cut came after the last call returned: a cut call is dropped
+        elif content is not None:
+            flags.append("content_end_unknown")  # streamed content also holds the text between and after calls
+        if stream and calls[-1].arguments == "{}":
+            flags.append("empty_arguments_ambiguous")  # SGLang completes empty (or "{") last arguments to {}
+    elif content is None and turn.reasoning:
+        flags.append("content_end_unknown")  # reasoning may have run into a tool section SGLang dropped
+    return replace(turn, reasoning=turn.reasoning or None, content=content), flags

@@ -21,7 +21,14 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, ParseOptions, parse_completion
-from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, history_call_count, preprocess_request
+from kimi_eagle.chat.serving import (
+    PROFILES,
+    ServingProfile,
+    get_profile,
+    history_call_count,
+    preprocess_request,
+    served_prompt_pieces,
+)
 from kimi_eagle.records import RecordError
 from kimi_eagle.tokenize.tokenizer import Tokenizer, special_id
 
@@ -53,7 +60,8 @@ class KimiPromptRenderer:
                 raise RecordError("tools must be a list")
             if self.serving != PROFILES["template"]:
                 normalised, tools = preprocess_request(normalised, tools or None, self.serving)
-            pieces = self.fmt.prompt_pieces(normalised, tools or None)
+            pieces = served_prompt_pieces(self.fmt.prompt_pieces(normalised, tools or None), self.serving,
+                                          self.tok.special_id_by_text)
         except RecordError as e:
             raise KimiPromptError(str(e)) from None
         except (KeyError, TypeError, AttributeError, ValueError) as e:

@@ -99,3 +99,19 @@ def serving_line(by_provider: dict[str, dict[str, int]] | None) -> str | None:
     parts = [f"provider {p}: " + ", ".join(f"{name} profile ({n:,} rows)" for name, n in counts.items())
              for p, counts in by_provider.items()]
     return "serving profiles (kimi-eagle reconstruct --serving): " + "; ".join(parts)
+
+
+def serving_evidence(reconstructed: str | os.PathLike | None) -> list[str]:
+    """The ``--serving auto`` choice per provider with its evidence, one line each (``describe``), read from the
+    ``RECONSTRUCTED.serving.json`` written beside a reconstruction; ``[]`` when there is none or it is unreadable."""
+    from kimi_eagle.chat.serving_choice import describe
+
+    if not reconstructed:
+        return []
+    path = f"{reconstructed}.serving.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            groups = json.load(f).get("groups", [])
+        return [describe(g) for g in groups if isinstance(g, dict)]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return []

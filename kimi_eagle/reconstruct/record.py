@@ -28,7 +28,7 @@ from kimi_eagle.chat.completion import (
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
-from kimi_eagle.chat.serving import PROFILES, ServingProfile, preprocess_request
+from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, preprocess_request, served_prompt_pieces
 from kimi_eagle.chat.unserve import unserve_turn
 from kimi_eagle.io import fast_loads, loads_exact, parse_line
 from kimi_eagle.reconstruct.log_shapes import as_api_record
@@ -255,9 +255,11 @@ def _checked_id(record: Any) -> str:
     return check_id(rid, "record id")
 
 
-def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceEncoder) -> tuple[list[int], bool]:
+def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceEncoder,
+                   serving: ServingProfile | None = None) -> tuple[list[int], bool]:
     """The prompt's IDs and whether marker text was encoded as ordinary tokens; RecordError if it cannot be
-    rendered or holds text that is not valid Unicode."""
+    rendered or holds text that is not valid Unicode. ``serving``: marker spellings in the text become special
+    tokens where that profile's server tokenizes the rendered string whole (``marker_text = "special"``)."""
     try:
         prompt_pieces = fmt.prompt_pieces(messages, request.get("tools"))
     except RecordError:
@@ -265,6 +267,8 @@ def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceE
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
     check_encodable((t for t, _ in prompt_pieces), request, "request", "the prompt")
+    if serving is not None and serving.marker_text != "text":
+        prompt_pieces = served_prompt_pieces(prompt_pieces, serving, enc.tok.special_id_by_text)
     return enc.encode_marked(prompt_pieces)
 
 
@@ -280,6 +284,24 @@ def _served(request: dict, messages: list[dict], tools: list | None, options: Co
         return request, messages, options, fmt
     messages, served_tools = preprocess_request(messages, tools, serving)
     return ({**request, "tools": served_tools} if served_tools is not None else request), messages, options, fmt
+
+
+def _unserved(record: dict, options: CompletionOptions, turn: Turn, fmt: Format) -> tuple[CompletionOptions, Turn, list[str]]:
+    """The answer as the model wrote it (chat/unserve.py: what the profile's server added taken away, flags for
+    what it lost), under the profile's streaming variant when the record is a streamed answer."""
+    if record.get("stream") is not None:
+        options = _streamed(options)
+    turn, flags = unserve_turn(turn, getattr(options, "serving", PROFILES["template"]),
+                               thinking=getattr(fmt, "thinking", True))
+    return options, turn, flags
+
+
+def _streamed(options: CompletionOptions) -> CompletionOptions:
+    """``options`` with the serving profile's ``stream_profile`` (its server's streaming path), if it names one."""
+    serving = getattr(options, "serving", None)
+    if serving is None or not serving.stream_profile:
+        return options
+    return replace(options, serving=get_profile(serving.stream_profile))
 
 
 def _declaring(fmt: Format, tool_declaration: str) -> Format:
@@ -314,14 +336,13 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         raise RecordError("request.tools is not a list")
     turn = parse_turn(response)
     request, messages, options, fmt = _served(request, messages, tools, options, fmt, (provider, dataset))
-    turn, unserved = unserve_turn(turn, getattr(options, "serving", PROFILES["template"]),  # chat/unserve.py
-                                  thinking=getattr(fmt, "thinking", True))
+    options, turn, unserved = _unserved(record, options, turn, fmt)
     enc = encoder if encoder is not None else PieceEncoder(tok)
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
     flags: list[str] = reasoning_details_flags(response["choices"][0]["message"])  # kimi_eagle.reconstruct.reasoning
     flags += answer_flags(response, turn) + unserved
-    prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc)
+    prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None))
     if prompt_marker:
         flags.append("prompt_literal_marker")
     segments, seg_flags = fmt.completion_segments(turn, messages, options)

@@ -9,18 +9,21 @@ streams often drop it) starts a new event.
 Assembly (:class:`StreamAssembler`, :func:`assemble_chunks`): ``choices[].delta`` fragments are merged
 per choice ``index`` -- strings (``content``, ``reasoning``, ``reasoning_content``, ``refusal``)
 concatenated, ``tool_calls`` merged by their ``index`` (id, type and name from the fragments that
-carry them, ``arguments`` concatenated), ``reasoning_details`` blocks merged by their ``index`` (text
-fields concatenated) or appended when they have none, ``logprobs`` lists concatenated; the last non-null
+carry them: a name may come in a later fragment than its id and index, and an empty ``""`` id or name
+repeated in later fragments, as some providers send, never erases the one already seen; ``arguments``
+concatenated), ``reasoning_details`` blocks merged by their ``index`` (text fields concatenated) or
+appended when they have none, ``logprobs`` lists concatenated; the last non-null
 ``finish_reason``/``native_finish_reason`` and ``usage`` win; other fields keep their first non-null
-value. Key order is fixed so that a stream and the non-streaming answer with the same content give the
-same bytes: the response's keys as OpenRouter writes them (``id, provider, model, object, created, choices``,
-then any others in first-seen order, ``usage`` last; ``object`` becomes ``chat.completion``), each
-choice as ``logprobs, finish_reason, native_finish_reason, index, message`` then any other keys, the
-message as ``role, content, refusal, reasoning, reasoning_content, reasoning_details, tool_calls`` then
-any other keys. A message key appears when some delta carried it (``null`` included); tool calls lose
-their per-fragment ``index``. A chunk carrying ``error`` (OpenRouter's mid-stream error event) is kept
-in :attr:`StreamAssembler.error`; nothing is coerced: a fragment of the wrong type is a
-:class:`StreamError` naming the chunk.
+value. A ``usage`` sent inside a choice (Moonshot's own API puts the final usage in ``choices[0]``) is moved
+to the response's ``usage`` when the stream sends none at the top level, and is never left in the choice.
+Key order is fixed so that a stream and the non-streaming answer with the same content give the same bytes: the
+response's keys as OpenRouter writes them (``id, provider, model, object, created, choices``, then any others in
+first-seen order, ``usage`` last; ``object`` becomes ``chat.completion``), each choice as ``logprobs,
+finish_reason, native_finish_reason, index, message`` then any other keys, the message as ``role, content,
+refusal, reasoning, reasoning_content, reasoning_details, tool_calls`` then any other keys. A message key
+appears when some delta carried it (``null`` included); tool calls lose their per-fragment ``index``. A chunk
+carrying ``error`` (OpenRouter's mid-stream error event) is kept in :attr:`StreamAssembler.error`; nothing is
+coerced: a fragment of the wrong type is a :class:`StreamError` naming the chunk.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ TOP_ORDER = ("id", "provider", "model", "object", "created", "choices")  # then 
 CHOICE_ORDER = ("logprobs", "finish_reason", "native_finish_reason", "index", "message")
 MESSAGE_ORDER = ("role", "content", "refusal", "reasoning", "reasoning_content", "reasoning_details", "tool_calls")
 PER_CHUNK_FIELDS = ("obfuscation",)  # random padding OpenAI adds to each chunk: not part of the answer
-LAST_WINS = ("finish_reason", "native_finish_reason")
+LAST_WINS = ("finish_reason", "native_finish_reason", "usage")
 _EOL = re.compile(rb"\r\n|\r|\n")
 
 
@@ -143,9 +146,21 @@ def _merge_indexed(items: list[dict], fragments: Any, where: str, text_keys: tup
                 fn = target.setdefault("function", {})
                 for k, v in value.items():
                     fn[k] = _concat(fn.get(k), v, f"{where}.function.{k}") if k == "arguments" else (
-                        fn.get(k) if v is None else v)
-            elif target.get(key) is None:
-                target[key] = value
+                        _named(fn.get(k), v))
+            elif target.get(key) is None or (target[key] == "" and not _blank(value)):
+                target[key] = value  # the first id (type, ...) that is not blank
+
+
+def _blank(value: Any) -> bool:
+    """``None`` or ``""``: what providers put in the id and name of every later fragment of a call (some send
+    ``"name": ""`` with each argument piece), which must not erase what an earlier fragment gave."""
+    return value is None or value == ""
+
+
+def _named(old: Any, new: Any) -> Any:
+    """A call's ``function.name`` (or other non-argument field) after a fragment carrying ``new``: a later name
+    replaces the one seen (also when it comes after the id and index), a blank one never erases it."""
+    return old if new is None or (new == "" and not _blank(old)) else new
 
 
 class _Choice:
@@ -261,6 +276,9 @@ class StreamAssembler:
         out = dict(self.top)
         if "choices" in out:
             out["choices"] = [self.choices[i].build() for i in sorted(self.choices)]
+            in_choice = [c.pop("usage") for c in out["choices"] if isinstance(c.get("usage"), dict)]
+            if out.get("usage") is None and in_choice:
+                out["usage"] = in_choice[0]  # Moonshot's own API: the final usage inside choices[0]
         out = _ordered(out, TOP_ORDER)
         if "usage" in out:
             out["usage"] = out.pop("usage")

@@ -143,6 +143,13 @@ def _logged_stream(item: dict, where: str) -> dict:
     return _record(stream, extra)
 
 
+def logged_stream_record(item: dict, where: str = "item 1") -> dict:
+    """The API record of one logged stream ``{"id"?, "request", "chunks": [chunk, ...]}`` (``stream`` for
+    ``chunks``, or the raw SSE text), as ``convert --from openai-stream`` makes it of such a line; ``where`` names
+    the item in an ``error``."""
+    return _logged_stream(item, where)
+
+
 def stream_log_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """``(answer index, API record)`` for every answer in a logged stream file (see the module docstring)."""
     open_streams: dict[str, _Stream] = {}

@@ -133,6 +133,17 @@ class DerivedTables:
         return {s.id: s.text for s in self.special_tokens}
 
     @cached_property
+    def named_special_ids(self) -> frozenset[int]:
+        """IDs of the specials the tokenizer config names (a slow HF tokenizer's added tokens: a server's
+        detokenizer decodes them on their own), not the unnamed ``<|reserved_token_N|>`` slots."""
+        return frozenset(s.id for s in self.special_tokens if s.text != f"<|reserved_token_{s.id}|>")
+
+    @cached_property
+    def skipped_special_ids(self) -> frozenset[int]:
+        """Named specials flagged HF ``special`` (what ``skip_special_tokens`` removes when decoding)."""
+        return frozenset(s.id for s in self.special_tokens if s.hf_special and s.id in self.named_special_ids)
+
+    @cached_property
     def token_table(self) -> list[bytes]:
         """The bytes of every ID, ``0 .. n_vocab - 1``."""
         return [self.token_bytes(i) for i in range(self.n_vocab)]

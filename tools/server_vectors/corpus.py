@@ -10,7 +10,7 @@ at every kind of boundary. Prompt cases: requests with tools (dotted and hyphena
 multi-turn histories with tool calls (every id style, argument strings compact, spaced, empty, invalid,
 non-object) and tool results (strings, text parts), reasoning history, ``None`` fields, unicode.
 
-    python tools/server_vectors/corpus.py --answers 2400 --prompts 640 --seed 0 -o corpus.jsonl
+    python tools/server_vectors/corpus.py --answers 3000 --prompts 640 --seed 0 -o corpus.jsonl
 """
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def answer_case(rng: random.Random, k: int, tok: Tokenizer) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--answers", type=int, default=2400)
+    p.add_argument("--answers", type=int, default=3000)
     p.add_argument("--prompts", type=int, default=640)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", required=True)

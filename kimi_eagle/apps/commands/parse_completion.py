@@ -7,7 +7,7 @@ import sys
 
 from kimi_eagle.apps.cli import NONNEG_INT, add_option
 from kimi_eagle.chat.parse import PARSE_FORMATS, TOOL_ID_OUTPUTS, ParseOptions, parse_completion, parse_id_list
-from kimi_eagle.chat.serving import SERVING_CHOICES
+from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
@@ -22,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-ids", choices=TOOL_ID_OUTPUTS, default="model",
                    help="model: the ids the model wrote (vLLM); sglang: functions.NAME:{history + N}")
     add_option(p, "--serving", choices=SERVING_CHOICES, default="template",
-               help="answer as this server does: template (the kit's parse of the IDs), moonshot, vllm, sglang "
-                    "(their parsers on the decoded text; docs/reconstruct.md, 'Serving profiles')")
+               help="answer as this server version does: template (the kit's parse of the IDs), moonshot, vllm-0.33 "
+                    "(alias vllm), sglang-0.5 (alias sglang), their -nospace/-stream variants, or the -legacy "
+                    "transcriptions (docs/reconstruct.md, 'Serving profiles')")
     p.add_argument("--history-tool-calls", type=NONNEG_INT, default=0, help="tool calls already in the conversation (sglang ids)")
 
 
@@ -41,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--ids: {bad[0]} is outside the vocabulary (n_vocab {tok.n_vocab})")
         parsed = parse_completion(ids, tok, options)
     else:
-        parsed = parse_completion(sys.stdin.read() if args.text == "-" else args.text, options=options)
+        text = sys.stdin.read() if args.text == "-" else args.text
+        tok = None
+        if get_profile(args.serving).answer_rules != "legacy":  # a server version decodes IDs: encode the text first
+            from kimi_eagle.assets import kimi_dir
+
+            tok = load_tokenizer(args.tokenizer or kimi_dir())
+        parsed = parse_completion(text, tok, options)
     print(json.dumps(parsed.to_dict(), ensure_ascii=False, indent=1))
     return 0

@@ -51,12 +51,13 @@ from kimi_eagle.apps.reports.toolkit import (
     plain,
     save,
     section,
+    serving_evidence_html,
     title,
 )
 from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
 from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
 from kimi_eagle.io import atomic_path, write_json, write_text
-from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
+from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_evidence, serving_line
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 EVIDENCE = "billing-only"
@@ -442,6 +443,7 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
         BANNER.format(data=html.escape(data)), *([f"<p class='data toy'>{html.escape(TOY_NOTE)}</p>"] if data == "toy" else []),
         f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>", *left_out,
         *[f"<p class='serving'>{html.escape(t)}</p>" for t in [serving_line(summary.get("serving_by_provider"))] if t],
+        *serving_evidence_html(summary.get("serving_evidence")),
         *body,
     ], "billing")
 
@@ -461,6 +463,8 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     summary = summarize_billing(records, data)
     if by_serving := serving_by_provider(recon_rows):  # the reconstruction's `serving` column (issue 23)
         summary["serving_by_provider"] = by_serving
+    if evidence := serving_evidence((meta or {}).get("reconstructed")):  # --serving auto's choice and evidence
+        summary["serving_evidence"] = evidence
     notes: list[dict[str, Any]] = []
     charts = make_charts(records, summary, out, notes)
     by_id: dict[str, dict[str, Any]] = {}

@@ -42,6 +42,7 @@ from kimi_eagle.apps.reports.toolkit import (
     plain,
     save,
     section,
+    serving_evidence_html,
     title,
 )
 from kimi_eagle.diff.classify import LABELS
@@ -59,7 +60,7 @@ from kimi_eagle.diff.summary import (
     summarize_diff,
 )
 from kimi_eagle.io import write_text
-from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
+from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_evidence, serving_line
 
 if TYPE_CHECKING:
     from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -430,8 +431,17 @@ def render_html(summary: dict[str, Any], result: DiffResult, charts: dict[str, P
         f"<p class='data {data}'>{DATA_NOTES.get(data, data)}</p>",
         f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>",
         *[f"<p class='serving'>{html.escape(t)}</p>" for t in [serving_line(summary.get("serving_by_provider"))] if t],
+        *serving_evidence_html(summary.get("serving_evidence")),
         *_left_out_html(notes), *body,
     ], "report")
+def _reconstructed_path(out: Path) -> str | None:
+    """The reconstruction a diff folder was made from (its ``meta.json``), or None."""
+    try:
+        return json.loads((out / "meta.json").read_text(encoding="utf-8")).get("reconstructed")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def write_report(result: DiffResult, out_dir: str | Path, data: str | None = None,
                  tok: "Tokenizer | None" = None) -> dict[str, Any]:
     """Write summary.json, the charts and report.html into ``out_dir``; return the summary.
@@ -450,6 +460,8 @@ def write_report(result: DiffResult, out_dir: str | Path, data: str | None = Non
     summary = {"data": data, **summarize_diff(screened), "n_records": len(result.records)}
     if by_serving := serving_by_provider(result.records):  # a `serving` column in the records (issue 23)
         summary["serving_by_provider"] = by_serving
+    if evidence := serving_evidence(_reconstructed_path(out)):  # --serving auto's choice and evidence
+        summary["serving_evidence"] = evidence
     charts = make_charts(screened, out, data, notes)
     summary["charts"] = {k: p.name for k, p in charts.items()}
     page = render_html(summary, screened, charts, tok, notes)

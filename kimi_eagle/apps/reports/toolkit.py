@@ -290,3 +290,12 @@ def html_page(page_title: str, body: Sequence[str], kind: str) -> str:
         "</body></html>",
         "",
     ])
+
+
+def serving_evidence_html(lines: list[str] | None) -> list[str]:
+    """The ``--serving auto`` choice per provider and its evidence, as a list under the profiles line."""
+    if not lines:
+        return []
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return [f"<div class='serving-evidence'><p>serving profile chosen per provider (--serving auto, "
+            f"from the billed counts and the answers):</p><ul>{items}</ul></div>"]

@@ -1,0 +1,88 @@
+"""Engine IDs -> the real server's answer -> reconstruction: the engine's IDs come back, or the row says why.
+
+For every recorded server answer (``tests/data/servers``), the answer is reconstructed with the profile of
+its server version, as a record billed ``completion_tokens = len(engine IDs)``. Each row is then one of:
+
+- **equal**: the engine's IDs exactly;
+- **count differs**: fewer or more IDs than billed (the billing check names it: ``kimi-eagle billing``);
+- **flagged**: same count, other IDs, and a flag naming what the server lost (``reasoning_end_unknown``,
+  ``arguments_whitespace_unknown``, ``tool_id_unknown``, ...: chat/unserve.py);
+- **refused**: the answer cannot be reconstructed and the row says why (an empty message: nothing to rebuild);
+- **silent**: same count, other IDs, no flag. There must be none.
+
+The seeded corpus is adversarial on purpose (unreadable ids, padded arguments, marker text, cuts at every
+boundary), so "equal" is low on it; on well-formed completions it is the rule (test below).
+"""
+from __future__ import annotations
+
+import collections
+
+import pytest
+from test_server_answers import MIN_SGLANG_ANSWERS, SGLANG_VARIANTS, VLLM_VARIANTS, load_vectors
+
+from kimi_eagle.chat.formats import get_format
+from kimi_eagle.chat.serving import get_profile
+from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
+from kimi_eagle.records import RecordError
+
+LOSS_FLAGS = {"reasoning_end_unknown", "before_tools_unknown", "arguments_whitespace_unknown",
+              "empty_arguments_ambiguous", "tool_id_unknown", "content_end_unknown", "literal_marker",
+              "dropped_by_server", "truncation_ambiguous", "tool_id_renumbered", "invalid_utf8"}
+
+
+def api_record(vector: dict, variant: str) -> dict:
+    """The vector's server answer as the API record a collector would have logged."""
+    answer = vector["answers"][variant]
+    m = answer["message"]
+    message = {"role": "assistant", "content": m["content"], "reasoning": m["reasoning"]}
+    if m["tool_calls"]:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in m["tool_calls"]]
+    return {"id": vector["case"], "request": vector["request"],
+            "response": {"choices": [{"index": 0, "message": message, "finish_reason": answer["finish_reason"]}],
+                         "usage": {"completion_tokens": len(vector["completion_ids"])}}}
+
+
+def outcome(row, engine_ids: list[int]) -> str:
+    ids = list(row.completion_ids)
+    if ids == engine_ids:
+        return "equal"
+    if len(ids) != len(engine_ids):
+        return "count differs"
+    return "flagged" if LOSS_FLAGS & set(row.flags) else "silent"
+
+
+def roundtrip(name: str, variant: str, profile_name: str, tok) -> collections.Counter:
+    profile = get_profile(profile_name)
+    fmt = get_format("kimi-k2.5", tok, tool_declaration=profile.tool_declaration)
+    _, vectors = load_vectors(name)
+    out: collections.Counter = collections.Counter()
+    for v in vectors:
+        if v["answers"].get(variant, {}).get("status") != 200:
+            continue
+        try:
+            row = reconstruct_record(api_record(v, variant), tok, fmt, serving_options(profile))
+        except RecordError as e:
+            out["refused: " + str(e)] += 1
+            continue
+        out[outcome(row, v["completion_ids"])] += 1
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VLLM_VARIANTS))
+def test_vllm_answers_reconstruct_to_the_engine_ids_or_say_why(variant, kimi):
+    got = roundtrip("vllm-0.33.answers.jsonl.gz", variant, VLLM_VARIANTS[variant], kimi)
+    assert got["silent"] == 0, got
+    assert sum(got.values()) >= 2000
+    refused = {k for k in got if k.startswith("refused")}
+    assert refused <= {"refused: message has no reasoning, no content and no tool calls"}, got
+
+
+@pytest.mark.parametrize("variant", list(SGLANG_VARIANTS))
+def test_sglang_answers_reconstruct_to_the_engine_ids_or_say_why(variant, kimi):
+    got = roundtrip("sglang-0.5.answers.jsonl.gz", variant, SGLANG_VARIANTS[variant], kimi)
+    assert got["silent"] == 0, got
+    assert sum(got.values()) >= MIN_SGLANG_ANSWERS
+    # SGLang's empty turn (only </think>, or a tool section it dropped: no reasoning, "" content, no call)
+    refused = {k for k in got if k.startswith("refused")}
+    assert refused <= {"refused: message has no reasoning, no content and no tool calls"}, got
