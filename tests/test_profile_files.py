@@ -27,6 +27,10 @@ BEFORE_FILES = {
                           id_rule="sglang", strip=True, strip_reasoning=True),
 }
 METADATA = ("server", "version", "streaming")
+# the fields added since (server versions read off their recorded answers: docs/servers.md); their defaults leave
+# the profiles above as they were
+SINCE = {"answer_rules": "legacy", "stream_profile": "", "part_join_roles": "tool", "empty_parts": "keep",
+         "marker_text": "text"}
 HEADER = '[header]\nserver = "S"\nversion = "1"\nsource = "read from here"\n'
 
 
@@ -43,21 +47,23 @@ def write(folder, **files):
 
 def test_every_shipped_file_loads_and_defines_a_profile_or_an_alias():
     paths = sorted(PROFILE_DIR.glob("*.toml"))
-    assert [p.name for p in paths] == ["moonshot.toml", "sglang-legacy.toml", "template.toml", "vllm-legacy.toml"]
+    assert [p.name for p in paths] == ["moonshot.toml", "sglang-0.5.toml", "sglang-legacy.toml", "template.toml",
+                                       "vllm-0.33.toml", "vllm-legacy.toml"]
     profiles, aliases = load_profiles()
     assert (profiles, aliases) == (PROFILES, ALIASES)
     for path in paths:  # a file is named after the server version it holds
         assert path.stem in profiles, path.name
 
 
-def test_the_shipped_profiles_are_the_ones_the_code_defined_before_the_files():
-    assert list(PROFILES) == list(BEFORE_FILES)
+def test_the_legacy_profiles_are_the_ones_the_code_defined_before_the_files():
+    assert set(BEFORE_FILES) <= set(PROFILES)
     defaults = {f.name: f.default for f in fields(ServingProfile) if f.name != "name" and f.name not in METADATA}
     for name, set_in_code in BEFORE_FILES.items():
         p = PROFILES[name]
         expected = {**defaults, **set_in_code}
         assert {k: getattr(p, k) for k in expected} == expected, name
         assert p.name == name and p.spaces_between_special_tokens is False and p.streaming is False
+        assert {k: getattr(p, k) for k in SINCE} == SINCE, name
 
 
 def test_each_profile_carries_its_files_server_and_version():
@@ -69,16 +75,18 @@ def test_each_profile_carries_its_files_server_and_version():
 
 
 def test_aliases_resolve_to_their_profiles():
-    assert ALIASES == {"vllm": "vllm-legacy", "sglang": "sglang-legacy"}
-    assert get_profile("vllm") is PROFILES["vllm-legacy"] and get_profile("sglang") is PROFILES["sglang-legacy"]
-    assert get_profile("vllm", split_on="ids").name == "vllm-legacy"
-    assert SERVING_CHOICES == ("template", "moonshot", "vllm-legacy", "sglang-legacy", "sglang", "vllm")
+    assert ALIASES == {"vllm": "vllm-0.33", "sglang": "sglang-0.5"}  # the short names are the newest versions
+    assert get_profile("vllm") is PROFILES["vllm-0.33"] and get_profile("sglang") is PROFILES["sglang-0.5"]
+    assert get_profile("vllm", spaces_between_special_tokens=False).name == "vllm-0.33"
+    assert SERVING_CHOICES == (*PROFILES, "sglang", "vllm")
     with pytest.raises(ValueError, match=r"unknown serving profile 'vllm-0\.1'; known: .*\(aliases: "):
         get_profile("vllm-0.1")
 
 
 def test_auto_candidates_are_canonical_names_in_rank_order():
-    assert CANDIDATES == CHOICE_CANDIDATES == ("template", "moonshot", "vllm-legacy", "sglang-legacy")
+    assert CANDIDATES == CHOICE_CANDIDATES == ("template", "moonshot", "vllm-0.33", "vllm-0.33-nospace", "vllm-legacy",
+                                               "sglang-0.5", "sglang-legacy")
+    assert not any(PROFILES[n].streaming for n in CANDIDATES)  # a streamed record takes its profile's stream_profile
 
 
 def test_the_cli_accepts_names_and_aliases(capsys):
@@ -86,22 +94,25 @@ def test_the_cli_accepts_names_and_aliases(capsys):
 
     text = "r</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"
     answers = {}
-    for serving in ("vllm", "vllm-legacy", "sglang", "sglang-legacy"):
+    for serving in ("vllm", "vllm-0.33", "vllm-legacy", "sglang", "sglang-0.5", "sglang-legacy"):
         assert main(["parse-completion", "--text", text, "--serving", serving]) == 0
         answers[serving] = capsys.readouterr().out
-    assert answers["vllm"] == answers["vllm-legacy"] != answers["sglang"] == answers["sglang-legacy"]
+    assert answers["vllm"] == answers["vllm-0.33"] != answers["vllm-legacy"]
+    assert answers["sglang"] == answers["sglang-0.5"] != answers["sglang-legacy"]
     with pytest.raises(SystemExit):
         main(["parse-completion", "--text", text, "--serving", "auto"])  # auto: reconstruct only, as before
 
 
 def test_the_docs_list_every_shipped_profile_and_alias():
-    section = (REPO_ROOT / "docs" / "reconstruct.md").read_text().split("## Serving profiles", 1)[1].split("\n## ", 1)[0]
+    servers = (REPO_ROOT / "docs" / "servers.md").read_text()
+    section = servers.split("## The profiles", 1)[1].split("\n## ", 1)[0]
     header = next(line for line in section.splitlines() if line.startswith("| convention |"))
-    assert re.findall(r"\| `([^`]+)`", header) == list(PROFILES)  # one column per profile, in order
+    assert sorted(re.findall(r"\| `([^`]+)`", header)) == sorted(PROFILES)  # one column per profile
     for alias, name in ALIASES.items():
         assert f"`{name}` (alias `{alias}`)" in header
+    reconstruct = (REPO_ROOT / "docs" / "reconstruct.md").read_text().split("## Serving profiles", 1)[1]
     for path in PROFILE_DIR.glob("*.toml"):
-        assert f"`{path.name}`" in section, path.name
+        assert f"`{path.name}`" in reconstruct, path.name
 
 
 def test_a_profile_round_trips_through_the_resume_manifest():
@@ -195,3 +206,18 @@ def test_a_mistake_in_a_file_is_one_line_naming_the_file(tmp_path, files, messag
 def test_an_empty_folder_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"serving profile folder .*: no \*\.toml files"):
         load_profiles(tmp_path)
+
+
+def test_a_stream_profile_must_name_a_streaming_profile(tmp_path):
+    write(tmp_path, a='[[profiles]]\nname = "a"\nstream_profile = "b"\n\n[[profiles]]\nname = "b"\n')
+    with pytest.raises(ValueError, match=r"^serving profile file a\.toml: profile a: stream_profile 'b' is no "
+                                         r"streaming profile$"):
+        load_profiles(tmp_path)
+    write(tmp_path, a='[[profiles]]\nname = "a"\nstream_profile = "b"\n\n[[profiles]]\nname = "b"\nstreaming = true\n')
+    assert load_profiles(tmp_path)[0]["a"].stream_profile == "b"
+
+
+def test_every_server_version_names_its_streaming_profile():
+    for p in PROFILES.values():
+        if p.answer_rules != "legacy" and not p.streaming:
+            assert PROFILES[p.stream_profile].streaming and PROFILES[p.stream_profile].answer_rules == p.answer_rules

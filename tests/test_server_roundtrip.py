@@ -16,6 +16,8 @@ boundary), so "equal" is low on it; on well-formed completions it is the rule (t
 from __future__ import annotations
 
 import collections
+import re
+from pathlib import Path
 
 import pytest
 from test_server_answers import MIN_SGLANG_ANSWERS, SGLANG_VARIANTS, VLLM_VARIANTS, load_vectors
@@ -86,3 +88,68 @@ def test_sglang_answers_reconstruct_to_the_engine_ids_or_say_why(variant, kimi):
     # SGLang's empty turn (only </think>, or a tool section it dropped: no reasoning, "" content, no call)
     refused = {k for k in got if k.startswith("refused")}
     assert refused <= {"refused: message has no reasoning, no content and no tool calls"}, got
+
+
+def well_formed(vector: dict, tok) -> bool:
+    """An output as K2.5 writes it in practice: ``functions.NAME:N`` ids, JSON-object arguments, no marker text, no
+    whitespace at the edges of reasoning, content or arguments, finished by ``<|im_end|>``."""
+    from kimi_eagle.chat.parse import parse_completion
+
+    if vector["finish_reason"] != "stop":
+        return False
+    parsed = parse_completion(vector["completion_ids"], tok)
+    texts = [parsed.reasoning or "", parsed.content or ""] + [c["function"]["arguments"] for c in parsed.tool_calls]
+    return (not parsed.flags and parsed.reasoning is not None and all(t == t.strip() for t in texts)
+            and all(WELL_FORMED_ID.fullmatch(c["id"]) and c["function"]["arguments"].startswith("{")
+                    for c in parsed.tool_calls))
+
+
+WELL_FORMED_ID = re.compile(r"functions\.[\w.\-]+:\d+")
+
+
+def well_formed_roundtrip(name: str, variant: str, profile_name: str, tok) -> collections.Counter:
+    profile = get_profile(profile_name)
+    fmt = get_format("kimi-k2.5", tok, tool_declaration=profile.tool_declaration)
+    _, vectors = load_vectors(name)
+    out: collections.Counter = collections.Counter()
+    for v in vectors:
+        if v["answers"].get(variant, {}).get("status") == 200 and well_formed(v, tok):
+            row = reconstruct_record(api_record(v, variant), tok, fmt, serving_options(profile))
+            out[outcome(row, v["completion_ids"])] += 1
+    return out
+
+
+@pytest.mark.parametrize("name,variant,profile", [("vllm-0.33.answers.jsonl.gz", v, p) for v, p in VLLM_VARIANTS.items()]
+                         + [("sglang-0.5.answers.jsonl.gz", v, p) for v, p in SGLANG_VARIANTS.items()])
+def test_well_formed_outputs_come_back_exactly(name, variant, profile, kimi):
+    got = well_formed_roundtrip(name, variant, profile, kimi)
+    assert sum(got.values()) >= 100 and got["silent"] == 0
+    assert got["equal"] / sum(got.values()) >= 0.9, got
+
+
+def test_the_docs_table_is_what_the_vectors_give(kimi):
+    """docs/servers.md's numbers, recomputed for one variant of each server (tools/server_vectors/report.py)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools" / "server_vectors"))
+    from report import SERVERS, check_prompts, row
+
+    docs = (root / "docs" / "servers.md").read_text()
+    for server, variant, profile in (("vllm-0.33", "space", "vllm-0.33"), ("sglang-0.5", "default", "sglang-0.5")):
+        prompts = {server: check_prompts(SERVERS / f"{server}.prompts.jsonl.gz", server, {}, kimi)}
+        assert row(kimi, server, variant, profile, prompts) in docs.splitlines()
+
+
+def test_the_docs_say_how_far_the_legacy_transcriptions_are_from_the_servers(kimi):
+    from test_server_answers import differing
+
+    docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "servers.md").read_text().split())
+    for name, variant, profile in (("vllm-0.33.answers.jsonl.gz", "space", "vllm-legacy"),
+                                   ("vllm-0.33.answers.jsonl.gz", "nospace", "vllm-legacy"),
+                                   ("sglang-0.5.answers.jsonl.gz", "default", "sglang-legacy")):
+        _, vectors = load_vectors(name)
+        answered = sum(v["answers"].get(variant, {}).get("status") == 200 for v in vectors)
+        equal = answered - len(differing(name, variant, profile, kimi))
+        assert f"{equal:,} of {answered:,}" in docs, (profile, variant, equal, answered)

@@ -343,10 +343,13 @@ def test_auto_picks_each_providers_profile_from_its_billed_prompt_counts(kimi):
                billed_record(kimi, "d", "D", "sglang-legacy", MULTI, TOOLS),
                {**billed_record(kimi, "e", "E", "vllm-legacy", MULTI, TOOLS), "response": {"provider": "E", "choices": []}}]
     got = {c["provider"]: c for c in choose_profiles(records, kimi)}
-    assert {p: c["profile"] for p, c in got.items()} == {"A": "template", "B": "moonshot", "C": "vllm-legacy",
-                                                          "D": "sglang-legacy", "E": "template"}
-    assert got["C"]["prompt_matched"] == {"template": 0, "moonshot": 0, "vllm-legacy": 1, "sglang-legacy": 1}
-    assert describe(got["C"]) == "provider C: vllm-legacy profile, prompt counts matched 1/1"
+    # C and D render alike under every vLLM and SGLang version: the tie goes to the newest vLLM, and to the newest
+    # SGLang where every returned id is SGLang's renumbered one
+    assert {p: c["profile"] for p, c in got.items()} == {"A": "template", "B": "moonshot", "C": "vllm-0.33",
+                                                          "D": "sglang-0.5", "E": "template"}
+    assert got["C"]["prompt_matched"] == {"template": 0, "moonshot": 0, "vllm-0.33": 1, "vllm-0.33-nospace": 1,
+                                          "vllm-legacy": 1, "sglang-0.5": 1, "sglang-legacy": 1}
+    assert describe(got["C"]).startswith("provider C: vllm-0.33 profile, prompt counts matched 1/1")
     assert describe(got["E"]) == "provider E: template profile (no billed prompt_tokens to compare)"
 
 
@@ -362,7 +365,7 @@ def test_reconstruct_serving_auto_writes_the_evidence_and_renders_per_provider(k
     out = tmp_path / "out.parquet"
     assert main(["reconstruct", str(src), "-o", str(out), "--serving", "auto", "--no-progress"]) == 0
     evidence = json.loads((tmp_path / "out.parquet.serving.json").read_text())
-    assert {g["provider"]: g["profile"] for g in evidence["groups"]} == {"A": "template", "B": "vllm-legacy"}
+    assert {g["provider"]: g["profile"] for g in evidence["groups"]} == {"A": "template", "B": "vllm-0.33"}
     rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
     assert [rows[r["id"]]["n_prompt_tokens"] for r in records] == [r["response"]["usage"]["prompt_tokens"] for r in records]
 
@@ -422,9 +425,10 @@ def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
     assert {p: c["profile"] for p, c in got.items()} == {"M": "moonshot", "V": "vllm-legacy", "S": "sglang-legacy",
                                                           "T": "template"}
     assert got["M"]["completion_compared"] == 0
-    assert got["V"]["completion_matched"] == {"template": 0, "moonshot": 0, "vllm-legacy": 1, "sglang-legacy": 1}
+    assert got["V"]["completion_matched"] == {"template": 0, "moonshot": 0, "vllm-0.33": 0, "vllm-0.33-nospace": 0,
+                                              "vllm-legacy": 1, "sglang-0.5": 0, "sglang-legacy": 1}
     assert describe(got["V"]) == ("provider V: vllm-legacy profile, prompt counts matched 1/1, completion counts "
-                                  "matched 1/1")
+                                  "matched 1/1, answers consistent 1/1")
     # prompts only (the chat-layer default counter): vllm's group ties with moonshot, which comes first
     assert {c["provider"]: c["profile"] for c in choose_profiles([v], kimi)} == {"V": "moonshot"}
     # billed prompts no candidate renders (another tokenizer): the completion counts are no evidence either
@@ -467,14 +471,14 @@ def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi,
     assert main(["reconstruct", str(src), "-o", str(out), "--no-progress"]) == 0  # no --serving: auto
     printed = capsys.readouterr().out
     assert "provider A: template profile, prompt counts matched 1/1, completion counts matched 0/1" in printed
-    assert "provider B: vllm-legacy profile, prompt counts matched 2/2, completion counts matched 0/2" in printed
-    assert f"{out}: rows per serving profile: template 1, vllm-legacy 2" in printed
+    assert "provider B: vllm-0.33 profile, prompt counts matched 2/2, completion counts matched 0/2" in printed
+    assert f"{out}: rows per serving profile: template 1, vllm-0.33 2" in printed
     rows = pq.read_table(out).to_pylist()
-    assert [r["serving"] for r in rows] == ["template", "vllm-legacy", "vllm-legacy", None]  # canonical names
+    assert [r["serving"] for r in rows] == ["template", "vllm-0.33", "vllm-0.33", None]  # canonical names
     by = serving_by_provider(rows)
-    assert by == {"A": {"template": 1}, "B": {"vllm-legacy": 2}}
+    assert by == {"A": {"template": 1}, "B": {"vllm-0.33": 2}}
     assert serving_line(by) == ("serving profiles (kimi-eagle reconstruct --serving): provider A: template profile "
-                                "(1 rows); provider B: vllm-legacy profile (2 rows)")
+                                "(1 rows); provider B: vllm-0.33 profile (2 rows)")
     evidence = json.loads((tmp_path / "out.parquet.serving.json").read_text())
     assert [g["no_evidence"] for g in evidence["groups"]] == [None, None]
     # billing report: the line on the page and a new summary key (the other keys unchanged)

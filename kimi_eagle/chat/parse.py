@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kimi_eagle.chat.completion import CompletionOptions, tool_id_style
+from kimi_eagle.chat.served_answer import parse_served
+from kimi_eagle.chat.served_sglang import parse_sglang
 from kimi_eagle.chat.serving import ServingProfile, get_profile
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
@@ -49,6 +51,8 @@ _ID_NAME = re.compile(r"(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)")
 PARSE_FORMATS = {"kimi-k2.5": "reasoning", "kimi-k2-thinking": "think_begin", "kimi-k2.5-nothink": "content",
                  "kimi-k2-instruct": "content"}
 TOOL_ID_OUTPUTS = ("model", "sglang")
+# a profile's answer_rules -> the server version's answer (chat/served_answer.py, chat/served_sglang.py)
+SERVED_ANSWERS = {"vllm-0.33": parse_served, "sglang-0.5": parse_sglang}
 
 
 @dataclass
@@ -166,6 +170,18 @@ class ParseOptions:
     tools: tuple | list | None = None
 
 
+def _parse_served(ids: list[int], tok: Tokenizer, profile: ServingProfile, options: ParseOptions) -> ParsedCompletion:
+    """What ``profile``'s server version answers (:mod:`kimi_eagle.chat.served_answer`), with the flags of what it
+    changed against the IDs as written."""
+    written = parse_completion(ids, tok, ParseOptions(format_name=options.format_name,
+                                                      finish_reason=options.finish_reason))
+    serve = SERVED_ANSWERS[profile.answer_rules]
+    answer, flags = serve(ids, tok, profile, options, written, PARSE_FORMATS[options.format_name])
+    return ParsedCompletion(reasoning=answer.reasoning, content=answer.content, tool_calls=answer.tool_calls,
+                            finish_reason=answer.finish_reason, think_end=written.think_end, n_tokens=len(ids),
+                            flags=list(dict.fromkeys(flags)))
+
+
 def _text_ids(text: str, tok: Tokenizer | None) -> list[int]:
     """Raw completion text as IDs: marker spellings as their special tokens, the rest as ordinary text."""
     if tok is None:
@@ -227,10 +243,8 @@ def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
         raise ValueError(f"unknown tool_ids {options.tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
     profile = get_profile(options.serving)
     if profile.answer_rules != "legacy":  # a server version read off its recorded answers
-        from kimi_eagle.chat.served_answer import parse_served
-
-        ids = source if not isinstance(source, str) else _text_ids(source, tok)
-        return parse_served(list(ids), tok, profile, options)
+        return _parse_served(list(source if not isinstance(source, str) else _text_ids(source, tok)), tok, profile,
+                             options)
     flags: list[str] = []
     if isinstance(source, str):
         units, n_tokens = _units_from_text(source), None

@@ -27,7 +27,7 @@ line ``serving profile file X.toml: ...``.
 
 >>> profiles, aliases = load_profiles()
 >>> aliases["vllm"], profiles["vllm-legacy"].split_on
-('vllm-legacy', 'text')
+('vllm-0.33', 'text')
 """
 from __future__ import annotations
 

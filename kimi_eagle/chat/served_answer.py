@@ -267,27 +267,22 @@ def _stripped(answer: ServedAnswer, written: Any, model_args: list[str]) -> bool
             or any(a != a.strip() for a in model_args))
 
 
-def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any) -> Any:
-    """``parse_completion`` for profiles with server ``answer_rules`` (``ParseOptions`` -> ``ParsedCompletion``)."""
-    if profile.answer_rules == "sglang-0.5":  # SGLang 0.5: kimi_eagle/chat/served_sglang.py
-        from kimi_eagle.chat.served_sglang import parse_sglang
+def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any, written: Any,
+                 start: str) -> tuple[ServedAnswer, list[str]]:
+    """The answer of ``profile``'s server version for ``ids`` and the flags of what it changed.
 
-        return parse_sglang(ids, tok, profile, options)
-    from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
-
-    written = parse_completion(ids, tok, ParseOptions(format_name=options.format_name,
-                                                      finish_reason=options.finish_reason))
+    ``options``: the :class:`~kimi_eagle.chat.parse.ParseOptions`; ``written``: the IDs parsed as written
+    (``serving="template"``); ``start``: where the format's completion begins (``reasoning``, ``think_begin``,
+    ``content``). Called by :func:`~kimi_eagle.chat.parse.parse_completion` for ``answer_rules = "vllm-0.33"``
+    (SGLang's: :func:`kimi_eagle.chat.served_sglang.parse_sglang`).
+    """
     finish = options.finish_reason or ("stop" if ids and ids[-1] in ServedOptions.stop_ids else "length")
-    start = PARSE_FORMATS[options.format_name]
     opts = ServedOptions(spaces=profile.spaces_between_special_tokens, streaming=profile.streaming,
                          thinking=start != "content", finish_reason=finish, prompt_tail=(_PROMPT_TAIL[start],),
                          tools=tuple(options.tools) if options.tools is not None else None)
     answer = served_answer(ids, tok, opts)
     flags = [f for f in written.flags if f not in ("whitespace_stripped",)]
-    flags += served_flags(answer, written, opts.spaces)
-    return ParsedCompletion(reasoning=answer.reasoning, content=answer.content, tool_calls=answer.tool_calls,
-                            finish_reason=answer.finish_reason, think_end=written.think_end, n_tokens=len(ids),
-                            flags=list(dict.fromkeys(flags)))
+    return answer, flags + served_flags(answer, written, opts.spaces)
 
 
 # the generation prompt's last token, per where the completion starts (all are added tokens: a space follows)

@@ -16,7 +16,10 @@ offset; a window ending in U+FFFD is not committed (only its text up to the last
 **Reasoning** (kimi_k2 reasoning parser, reasoning forced by K2.5's template): leading ``<think>`` removed;
 reasoning ends at the first ``</think>`` or, with none, right before ``<|tool_calls_section_begin|>`` (the
 opener stays in the text); without either, everything is reasoning. Whitespace is kept; an empty reasoning is
-``null``. A ``<think>`` inside the reasoning stays (non-streamed).
+``null``. A ``<think>`` inside the reasoning stays (non-streamed). Streamed, the parser sees one chunk at a
+time: the first ``<think>`` anywhere is removed (and reopens the reasoning), and an opener ends the reasoning
+unless a ``</think>`` after it came in the same chunk (the kit releases one token per chunk, SGLang's
+default ``stream_interval``).
 
 **Tool calls** (kimi_k2 detector), read only when tools are declared and ``tool_choice`` is not ``none``:
 
@@ -478,24 +481,18 @@ def sglang_flags(answer: ServedAnswer, written: Any) -> list[str]:
     return flags
 
 
-def parse_sglang(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any) -> Any:
-    """``parse_completion`` for the ``sglang-0.5*`` profiles (``ParseOptions`` -> ``ParsedCompletion``)."""
-    from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
-
-    written = parse_completion(ids, tok, ParseOptions(format_name=options.format_name,
-                                                      finish_reason=options.finish_reason))
+def parse_sglang(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any, written: Any,
+                 start: str) -> tuple[ServedAnswer, list[str]]:
+    """SGLang 0.5's answer for ``ids`` and the flags of what it changed (the ``sglang-0.5*`` profiles;
+    arguments as :func:`~kimi_eagle.chat.served_answer.parse_served`'s)."""
     stops = SglangOptions.stop_ids
     finish = options.finish_reason or ("stop" if ids and ids[-1] in stops else "length")
-    start = PARSE_FORMATS[options.format_name]
     opts = SglangOptions(streaming=profile.streaming, thinking=start != "content", finish_reason=finish,
                          prompt_tail=(_PROMPT_TAIL[start],), history_tool_calls=options.history_tool_calls,
                          tools=tuple(options.tools) if options.tools is not None else None,
                          tool_choice=getattr(options, "tool_choice", None))
     answer = sglang_answer(ids, tok, opts)
-    flags = [f for f in written.flags if f != "whitespace_stripped"] + sglang_flags(answer, written)
-    return ParsedCompletion(reasoning=answer.reasoning, content=answer.content, tool_calls=answer.tool_calls,
-                            finish_reason=answer.finish_reason, think_end=written.think_end, n_tokens=len(ids),
-                            flags=list(dict.fromkeys(flags)))
+    return answer, [f for f in written.flags if f != "whitespace_stripped"] + sglang_flags(answer, written)
 
 
 # the generation prompt's last token, per where the completion starts

@@ -15,9 +15,9 @@ Kimi-K2 parsers). :data:`CANDIDATES` are the profiles ``--serving auto`` tries (
 :data:`SERVING_CHOICES` the names and aliases ``--serving`` accepts.
 
 >>> get_profile("vllm").name  # an alias resolves to its profile
-'vllm-legacy'
->>> get_profile("vllm", split_on="ids").split_on  # one field overridden
-'ids'
+'vllm-0.33'
+>>> get_profile("vllm", spaces_between_special_tokens=False).spaces_between_special_tokens  # one field overridden
+False
 
 :func:`preprocess_request` applies a profile's prompt side to request messages and tools, and
 :func:`served_prompt_pieces` to the rendered prompt pieces (``marker_text``).

@@ -102,7 +102,7 @@ def _best(names: list[str], matched: dict[str, int]) -> list[str]:
 def _pick(g: dict[str, Any]) -> str:
     """The group's profile: no usable evidence -> ``template``; else the most prompt matches, ties broken by
     completion matches, then by the answers' conventions (:func:`answer_consistent`), then by SGLang's ids (the
-    first tied profile with ``id_rule`` ``sglang``), then by :data:`CANDIDATES` order."""
+    first tied profile that renumbers ids, :func:`renumbers_ids`), then by :data:`CANDIDATES` order."""
     if no_evidence(g):
         return "template"
     tied = _best(list(CANDIDATES), g["prompt_matched"])
@@ -110,10 +110,15 @@ def _pick(g: dict[str, Any]) -> str:
         tied = _best(tied, g["completion_matched"])
     if g.get("answer_compared"):
         tied = _best(tied, g["answer_matched"])
-    renumbering = [n for n in tied if PROFILES[n].id_rule == "sglang"]
+    renumbering = [n for n in tied if renumbers_ids(PROFILES[n])]
     if renumbering and g["sglang_votes"] and all(g["sglang_votes"]):
         return renumbering[0]
     return tied[0]
+
+
+def renumbers_ids(profile: ServingProfile) -> bool:
+    """Does the profile's server replace tool-call ids by ``functions.NAME:{history calls + position}`` (SGLang)?"""
+    return profile.id_rule == "sglang" or profile.answer_rules.startswith("sglang")
 
 
 def _new_group() -> dict[str, Any]:

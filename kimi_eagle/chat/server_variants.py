@@ -1,0 +1,284 @@
+"""The declared space of server-side transformations that per-provider calibration searches (issue 34).
+
+A provider's server may render a request differently from the official template and count the answer
+differently from the kit's reconstruction. Each way it may do so is one **dimension** of :data:`SPACE`, a
+small tuple of values whose first value is the default (what the kit does without calibration). A
+:class:`Variant` picks one value per dimension; the *simplest* variant is the one with the fewest
+non-default values. Every value is implemented here as a plain function on the request (messages, tools),
+on the rendered prompt pieces, or on counts:
+
+``profile``
+    the serving profile (:mod:`kimi_eagle.chat.serving`) whose prompt side (``preprocess_request``,
+    ``marker_text``, ``sort_tools``) renders the request and whose answer side reconstructs the completion.
+``template``
+    which chat template the server renders with: ``format`` (the record's format, from the assets' templates)
+    or ``k2-0905`` (Kimi-K2-Instruct-0905's own ``chat_template.jinja``, :mod:`kimi_eagle.chat.k2_0905`: a
+    ``# Tools`` heading in the declaration turn, history ids as sent; K2-Instruct records only).
+``tools``
+    how the tool declaration is written inside ``<|im_system|>tool_declare<|im_middle|>...<|im_end|>``:
+    ``template`` (what the format and profile do: JSON with spaces for K2-Instruct and K2-Thinking, the
+    profile's ``tool_declaration`` for K2.5, the 0905 heading and JSON under ``template = k2-0905``), ``json`` (``tojson``: ``", "`` and ``": "``), ``json-compact``
+    (``","`` and ``":"``, the K2.5 template's default), ``ts`` (Moonshot's TypeScript declaration,
+    :mod:`kimi_eagle.chat.tool_decl`, for every Kimi format) or ``k2-0905`` (the 0905 template's ``# Tools``
+    heading and JSON, with any template).
+``schema``
+    what the server's request model does to the tool schemas before the template sees them: ``as-sent``,
+    ``no-strict`` (``function.strict`` dropped), ``vllm`` / ``vllm-no-strict`` (vLLM's pydantic
+    round trip ``tool.model_dump()``: ``type``, then ``function`` {``name``, ``description``, ``parameters``, then
+    extra keys such as ``strict``, kept or dropped}), ``sglang`` (SGLang's ``tool.function.model_dump()``: the
+    function object alone, keys ``description``, ``name``, ``parameters``, ``strict``) or ``sorted`` (every
+    object's keys sorted, as Moonshot's ``deep_sort_dict``).
+``system``
+    the system turn when the request has none: ``template`` (as the format does: K2-Instruct and
+    K2-Thinking insert ``You are Kimi, an AI assistant created by Moonshot AI.``, K2.5 inserts nothing),
+    ``default`` (the server inserts that K2 default system message itself) or ``none`` (no system turn).
+``history_ids``
+    the ids of earlier tool calls and of the tool results answering them: ``as-sent`` (what the request holds;
+    the assets' K2-Instruct and K2-Thinking templates number them ``functions.NAME:IDX`` themselves) or
+    ``counter`` (rewritten to ``functions.NAME:IDX`` in order, results following their calls).
+``history_args``
+    earlier tool calls' argument strings: ``as-sent``, ``spaced`` (``json.loads`` then ``json.dumps``: ``", "``
+    and ``": "``) or ``compact`` (``","`` and ``":"``); arguments that are not JSON stay as sent.
+``prompt_offset`` / ``completion_offset``
+    constant differences of the billed counts (a BOS token, a generation prompt counted or not; the
+    end-of-turn token counted or not).
+``history_call_offset``
+    a difference of the billed prompt per earlier tool call in the request (a separator the server's template
+    writes around each call or result that none of the templates above writes).
+``tool_call_offset``
+    a constant difference of the billed completion of answers with tool calls only.
+``answer_args``
+    the answer's tool-call arguments as the provider returned them (``as-answered``) or as the model wrote them
+    when the provider re-serialised them compactly (``spaced``: counted as ``json.dumps`` with ``", "``/``": "``).
+``reasoning``
+    ``counted`` (reasoning tokens are part of the billed completion) or ``excluded`` (billed without the
+    reasoning and its ``<think>``/``</think>``).
+
+The calibration itself (which variant explains which provider) is :mod:`kimi_eagle.reconstruct.calibration`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Sequence
+
+from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, tojson
+from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, Format, Message, get_format
+from kimi_eagle.chat.k2_0905 import KimiK2Instruct0905, declaration_0905
+from kimi_eagle.chat.serving import deep_sort
+from kimi_eagle.chat.tool_decl import tools_to_typescript
+
+# dimension -> its values, the default first (knowledge as data: add a value here and a function below)
+SPACE: dict[str, tuple[Any, ...]] = {
+    "profile": ("template", "moonshot", "vllm-0.33", "sglang-0.5"),
+    "template": ("format", "k2-0905"),
+    "tools": ("template", "json", "json-compact", "ts", "k2-0905"),
+    "schema": ("as-sent", "no-strict", "vllm", "vllm-no-strict", "sglang", "sorted"),
+    "system": ("template", "default", "none"),
+    "history_ids": ("as-sent", "counter"),
+    "history_args": ("as-sent", "spaced", "compact"),
+    "prompt_offset": (0, -1, 1, -2, 2),
+    "history_call_offset": (0, 1, -1),
+    "completion_offset": (0, -1, 1),
+    "tool_call_offset": (0, 1, -1),
+    "answer_args": ("as-answered", "spaced"),
+    "reasoning": ("counted", "excluded"),
+}
+PROMPT_DIMENSIONS = ("template", "tools", "schema", "system", "history_ids", "history_args", "prompt_offset",
+                     "history_call_offset")
+REST_DIMENSIONS = ("template", "system", "history_ids", "history_args")  # the prompt without its tool turn
+COMPLETION_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "reasoning")
+REASONING_KINDS = frozenset({"reasoning", "think_begin", "think_end"})
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One value per dimension of :data:`SPACE` (the defaults unless given)."""
+
+    profile: str = "template"
+    template: str = "format"
+    tools: str = "template"
+    schema: str = "as-sent"
+    system: str = "template"
+    history_ids: str = "as-sent"
+    history_args: str = "as-sent"
+    prompt_offset: int = 0
+    history_call_offset: int = 0
+    completion_offset: int = 0
+    tool_call_offset: int = 0
+    answer_args: str = "as-answered"
+    reasoning: str = "counted"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) not in SPACE[f.name]:
+                allowed = ", ".join(map(str, SPACE[f.name]))
+                raise ValueError(f"{f.name} {getattr(self, f.name)!r} is not one of {allowed}")
+
+    def conventions(self) -> dict[str, Any]:
+        """The non-default values other than the profile (what a provider does beyond its serving profile)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "profile" and getattr(self, f.name) != SPACE[f.name][0]}
+
+    def cost(self) -> tuple[int, tuple[int, ...]]:
+        """Simplicity order: fewest non-default values, then the earliest values of each dimension."""
+        positions = tuple(SPACE[f.name].index(getattr(self, f.name)) for f in fields(self))
+        return sum(p > 0 for p in positions), positions
+
+    def describe(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.conventions().items())
+        return self.profile + (f" + {extra}" if extra else "")
+
+
+def variant_from(profile: str, conventions: dict[str, Any]) -> Variant:
+    """The :class:`Variant` of a profile name and its conventions (ValueError naming an unknown key or value)."""
+    unknown = set(conventions) - {f.name for f in fields(Variant)} - {"profile"}
+    if unknown:
+        raise ValueError(f"unknown convention(s): {', '.join(sorted(unknown))}")
+    return replace(Variant(profile=profile), **conventions)
+
+
+# --------------------------------------------------------------------------------------------
+# schema: the tools as the server's request model hands them on
+
+
+def _function(tool: Any) -> dict | None:
+    return tool["function"] if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else None
+
+
+def _vllm_tool(tool: Any, strict: bool) -> Any:
+    """vLLM's ``ChatCompletionToolsParam.model_dump()``: ``type``, then ``function`` {``name``, ``description``,
+    ``parameters`` (``None`` when absent), then the extra keys it allows, ``strict`` among them}."""
+    fn = _function(tool)
+    if fn is None:
+        return tool
+    head = {"name": fn.get("name"), "description": fn.get("description"), "parameters": fn.get("parameters")}
+    extra = {k: v for k, v in fn.items() if k not in head and (strict or k != "strict")}
+    return {"type": tool.get("type", "function"), "function": {**head, **extra}}
+
+
+def _sglang_function(tool: Any) -> Any:
+    """SGLang's ``[tool.function.model_dump() for tool in request.tools]``: the function alone, in the model's
+    field order ``description``, ``name``, ``parameters``, ``strict`` (False when absent)."""
+    fn = _function(tool)
+    if fn is None:
+        return tool
+    return {"description": fn.get("description"), "name": fn.get("name"), "parameters": fn.get("parameters"),
+            "strict": fn.get("strict", False)}
+
+
+def _no_strict(tool: Any) -> Any:
+    fn = _function(tool)
+    return tool if fn is None else {**tool, "function": {k: v for k, v in fn.items() if k != "strict"}}
+
+
+SCHEMAS: dict[str, Callable[[list], list]] = {
+    "as-sent": lambda tools: tools,
+    "no-strict": lambda tools: [_no_strict(t) for t in tools],
+    "vllm": lambda tools: [_vllm_tool(t, True) for t in tools],
+    "vllm-no-strict": lambda tools: [_vllm_tool(t, False) for t in tools],
+    "sglang": lambda tools: [_sglang_function(t) for t in tools],
+    "sorted": deep_sort,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# tools: the declaration text; system: the system turn
+
+
+def declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, template: str = "format") -> str:
+    """The text between ``tool_declare<|im_middle|>`` and ``<|im_end|>`` (``how``: a ``tools`` value)."""
+    if how == "k2-0905" or how == "template" and template == "k2-0905":
+        return declaration_0905(tools)
+    if how == "template":
+        if fmt_name.startswith("kimi-k2.5"):
+            how = "ts" if profile_declaration == "ts" else "json-compact"
+        else:
+            how = "json"
+    if how == "ts":
+        return tools_to_typescript(tools) or tojson(tools, separators=(",", ":"))
+    return tojson(tools, separators=(",", ":") if how == "json-compact" else None)
+
+
+def with_system(messages: Sequence[Message], how: str) -> list[Message]:
+    """``messages`` with the K2 default system message first when ``how`` is ``default`` and there is none."""
+    messages = list(messages)
+    if how == "default" and (not messages or messages[0].get("role") != "system"):
+        return [{"role": "system", "content": KIMI_DEFAULT_SYSTEM}, *messages]
+    return messages
+
+
+def without_template_system(pieces: list[Piece]) -> list[Piece]:
+    """``pieces`` without the default system turn a K2 template inserted (and K2-Instruct's newline after it)."""
+    for i in range(len(pieces) - 3):
+        if pieces[i] == ("<|im_system|>", SPECIAL) and pieces[i + 1][0] == "system" and \
+                pieces[i + 3][0] == KIMI_DEFAULT_SYSTEM:
+            end = i + 5
+            if end < len(pieces) and pieces[end] == ("\n", pieces[end][1]):
+                end += 1
+            return pieces[:i] + pieces[end:]
+    return pieces
+
+
+def history_calls(messages: Any) -> int:
+    """How many tool calls the request's earlier assistant messages hold."""
+    return sum(len(m["tool_calls"]) for m in messages or () if isinstance(m, dict) and m.get("role") == "assistant"
+               and isinstance(m.get("tool_calls"), list))
+
+
+def _args(arguments: Any, how: str) -> Any:
+    if how == "as-sent" or not isinstance(arguments, str):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":") if how == "compact" else None)
+
+
+def with_history(messages: Sequence[Message], ids: str, args: str) -> list[Message]:
+    """``messages`` with earlier tool calls' ids (``history_ids``) and arguments (``history_args``) rewritten."""
+    if ids == "as-sent" and args == "as-sent":
+        return list(messages)
+    out, counter, renamed = [], 0, {}
+    for m in messages:
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+            calls = []
+            for call in m["tool_calls"]:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict):
+                    calls.append(call)
+                    continue
+                call = {**call, "function": {**fn, "arguments": _args(fn.get("arguments"), args)}}
+                if ids == "counter":
+                    new = f"functions.{fn.get('name')}:{counter}"
+                    renamed.setdefault(call.get("id"), []).append(new)
+                    call["id"], counter = new, counter + 1
+                calls.append(call)
+            m = {**m, "tool_calls": calls}
+        elif m.get("role") == "tool" and renamed.get(m.get("tool_call_id")):
+            m = {**m, "tool_call_id": renamed[m["tool_call_id"]].pop(0)}
+        out.append(m)
+    return out
+
+
+def template_format(template: str, fmt_name: str, tok: Any = None) -> Format | None:
+    """The format a ``template`` value renders ``fmt_name`` records with (None where it does not apply)."""
+    if template == "format":
+        return get_format(fmt_name, tok)
+    return KimiK2Instruct0905() if fmt_name == "kimi-k2-instruct" else None
+
+
+def tool_block(text: str) -> list[Piece]:
+    """The tool declaration turn as prompt pieces."""
+    return [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL), (text, CONTENT),
+            ("<|im_end|>", SPECIAL)]
+
+
+def all_variants(profiles: Sequence[str] | None = None) -> list[Variant]:
+    """Every variant of the space (``profiles``: restrict that dimension), simplest first."""
+    out = [Variant()]
+    for f in fields(Variant):
+        values = profiles if f.name == "profile" and profiles is not None else SPACE[f.name]
+        out = [replace(v, **{f.name: value}) for v in out for value in values]
+    return sorted(out, key=Variant.cost)

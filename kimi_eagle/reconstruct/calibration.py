@@ -1,0 +1,425 @@
+"""Per-provider calibration from billed counts: which server-side variant explains a provider's ``usage``.
+
+:class:`VariantCounts` gives a record's reconstructed prompt and completion counts under any
+:class:`~kimi_eagle.chat.server_variants.Variant`, fast: the prompt splits at the special tokens around the tool
+declaration (BPE never merges across a special token), so it is *the prompt without tools* (per profile and
+system convention) plus *the tool declaration turn* (per tool schema and declaration text, cached by the tools'
+JSON), plus an offset; the completion is reconstructed once per profile. :func:`fit_group` searches the space
+for the variant that makes the most reconstructed counts equal the billed ones (prompt and completion, each
+part exactly, since they only share the profile), ties broken by the simplest variant; :func:`calibrate`
+does that for every (provider, model) group, on all its records (in sample) and on one half learned to score
+the other half (held out, split by a hash of the record id). A side that the best variant leaves with fewer
+than :data:`EXPLAINED` of its records equal is ``unexplained``, with the residual (billed − reconstructed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
+from itertools import product
+from typing import Any, Iterable, Sequence
+
+from kimi_eagle.chat.encoder import PieceEncoder
+from kimi_eagle.chat.formats import get_format
+from kimi_eagle.chat.messages import normalise_messages
+from kimi_eagle.chat.server_variants import (
+    COMPLETION_DIMENSIONS,
+    REASONING_KINDS,
+    REST_DIMENSIONS,
+    SCHEMAS,
+    SPACE,
+    Variant,
+    declaration,
+    history_calls,
+    template_format,
+    tool_block,
+    with_history,
+    with_system,
+    without_template_system,
+)
+from kimi_eagle.chat.serving import deep_sort, get_profile, preprocess_request, served_prompt_pieces
+from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
+from kimi_eagle.records import RecordError, count_field
+from kimi_eagle.tokenize.tokenizer import Tokenizer
+
+EXPLAINED = 0.9  # a side is explained when at least this share of its compared records is equal
+
+
+def billed(record: dict, key: str) -> int | None:
+    """``response.usage[key]`` as a count, None when absent or not a count."""
+    usage = (record.get("response") or {}).get("usage")
+    return count_field(usage.get(key)) if isinstance(usage, dict) else None
+
+
+def has_tools(record: dict) -> bool:
+    return bool((record.get("request") or {}).get("tools"))
+
+
+class VariantCounts:
+    """Reconstructed counts of records under variants, cached per record and part (see the module)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.enc = tok, PieceEncoder(tok)
+        self._rest: dict[tuple, int | None] = {}
+        self._tools: dict[tuple, int] = {}
+        self._completion: dict[tuple, tuple[int, int] | None] = {}
+        self._formats: dict[tuple, Any] = {}
+        self.fits: dict[tuple, Variant] = {}  # fit_group's answers, by the records' ids
+
+    def _format(self, name: str, declaration_kind: str = "json") -> Any:
+        key = (name, declaration_kind)
+        if key not in self._formats:
+            self._formats[key] = get_format(name, self.tok, declaration_kind)
+        return self._formats[key]
+
+    def _template(self, template: str, fmt_name: str) -> Any:
+        key = ("template", template, fmt_name)
+        if key not in self._formats:
+            self._formats[key] = template_format(template, fmt_name, self.tok)
+        return self._formats[key]
+
+    def _count(self, pieces: list, profile: Any) -> int:
+        if profile.marker_text != "text":
+            pieces = served_prompt_pieces(pieces, profile, self.tok.special_id_by_text)
+        return len(self.enc.encode_marked(pieces)[0])
+
+    def prompt_rest(self, record: dict, profile_name: str, rest: tuple) -> int | None:
+        """The prompt without its tool declaration turn, ``rest`` the values of :data:`REST_DIMENSIONS` (None when
+        the profile's server refuses the request or the template does not apply to the record's format)."""
+        key = (record["id"], profile_name, _effective(record, rest))
+        if key not in self._rest:
+            template, system, ids, args = rest
+            profile = get_profile(profile_name)
+            try:
+                fmt = self._template(template, record["format"])
+                if fmt is None:
+                    raise ValueError("template not applicable")
+                messages = with_system(normalise_messages(record["request"].get("messages")), system)
+                messages = with_history(messages, ids, args)
+                if profile_name != "template":
+                    messages, _ = preprocess_request(messages, None, profile)
+                pieces = fmt.prompt_pieces(messages, None)
+                if system == "none":
+                    pieces = without_template_system(pieces)
+                self._rest[key] = self._count(pieces, profile)
+            except (RecordError, KeyError, TypeError, ValueError, AttributeError):
+                self._rest[key] = None
+        return self._rest[key]
+
+    def tool_turn(self, record: dict, profile_name: str, tools: str, schema: str, template: str = "format") -> int:
+        """The tool declaration turn's tokens (0 without tools)."""
+        declared = (record.get("request") or {}).get("tools")
+        if not declared:
+            return 0
+        profile = get_profile(profile_name)
+        key = (json.dumps(declared, sort_keys=False), record["format"], profile_name, tools, schema, template)
+        if key not in self._tools:
+            shaped = SCHEMAS[schema](declared)
+            if profile.sort_tools:
+                shaped = deep_sort(shaped)
+            text = declaration(shaped, tools, record["format"], profile.tool_declaration, template)
+            self._tools[key] = self._count(tool_block(text), profile)
+        return self._tools[key]
+
+    def _respaced(self, record: dict) -> int:
+        """How many more tokens the answer's tool-call arguments take written with ``", "`` and ``": "``."""
+        extra = 0
+        for call in _calls(record):
+            args = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+            if not isinstance(args, str):
+                continue
+            try:
+                spaced = json.dumps(json.loads(args), ensure_ascii=False)
+            except ValueError:
+                continue
+            extra += len(self.tok.encode(spaced)) - len(self.tok.encode(args))
+        return extra
+
+    def completion(self, record: dict, profile_name: str) -> tuple[int, int, bool, int] | None:
+        """``(n_completion_tokens, reasoning tokens, whether the answer has tool calls, the extra tokens of its
+        arguments written spaced)`` under the profile's answer side, None if it cannot be built."""
+        key = (record["id"], profile_name)
+        if key not in self._completion:
+            profile = get_profile(profile_name)
+            try:
+                row = reconstruct_record(record, self.tok, self._format(record["format"], profile.tool_declaration),
+                                         serving_options(profile), self.enc)
+                reasoning = sum(s["tok_end"] - s["tok_start"] for s in row.segments if s["kind"] in REASONING_KINDS)
+                self._completion[key] = (row.n_completion_tokens, reasoning, _has_calls(record), self._respaced(record))
+            except RecordError:
+                self._completion[key] = None
+        return self._completion[key]
+
+    def prompt(self, record: dict, v: Variant) -> int | None:
+        rest = self.prompt_rest(record, v.profile, tuple(getattr(v, d) for d in REST_DIMENSIONS))
+        if rest is None:
+            return None
+        return (rest + self.tool_turn(record, v.profile, v.tools, v.schema, v.template) + v.prompt_offset
+                + v.history_call_offset * history_calls(record["request"].get("messages")))
+
+    def completion_count(self, record: dict, v: Variant) -> int | None:
+        got = self.completion(record, v.profile)
+        if got is None:
+            return None
+        n, reasoning, calls, respaced = got
+        return (n - (reasoning if v.reasoning == "excluded" else 0) + v.completion_offset
+                + (v.tool_call_offset if calls else 0) + (respaced if v.answer_args == "spaced" else 0))
+
+
+def _effective(record: dict, rest: tuple) -> tuple:
+    """``rest`` with the values that cannot change this record's prompt set to their defaults (a request with a
+    system message is rendered alike under every ``system``; one without earlier calls under every history value)."""
+    template, system, ids, args = rest
+    messages = (record.get("request") or {}).get("messages") or []
+    if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+        system = "template"
+    if not history_calls(messages):
+        ids, args = "as-sent", "as-sent"
+    return template, system, ids, args
+
+
+def _calls(record: dict) -> list:
+    choices = (record.get("response") or {}).get("choices") or [{}]
+    calls = (choices[0].get("message") or {}).get("tool_calls") if isinstance(choices[0], dict) else None
+    return calls if isinstance(calls, list) else []
+
+
+def _has_calls(record: dict) -> bool:
+    return bool(_calls(record))
+
+
+def _sub_variants(profile: str, dims: Sequence[str]) -> list[Variant]:
+    out = [Variant(profile=profile)]
+    for dim in dims:
+        out = [replace(v, **{dim: value}) for v in out for value in SPACE[dim]]
+    return sorted(out, key=Variant.cost)
+
+
+def _deltas(counts: VariantCounts, records: Iterable[dict], v: Variant, kind: str) -> list[int | None]:
+    """``billed - reconstructed`` per record with a billed ``kind`` count (None where nothing was reconstructed)."""
+    out: list[int | None] = []
+    for r in records:
+        b = billed(r, f"{kind}_tokens")
+        if b is None:
+            continue
+        got = counts.prompt(r, v) if kind == "prompt" else counts.completion_count(r, v)
+        out.append(None if got is None else b - got)
+    return out
+
+
+TOOL_DIMENSIONS = ("tools", "schema")
+
+
+def _simplest_first(dims: Sequence[str]) -> list[tuple]:
+    """Every combination of the values of ``dims``, fewest non-default values first."""
+    combos = product(*(SPACE[d] for d in dims))
+    return sorted(combos, key=lambda c: (sum(SPACE[d].index(x) > 0 for d, x in zip(dims, c)),
+                                         [SPACE[d].index(x) for d, x in zip(dims, c)]))
+
+
+def _distinct(options: list[tuple], vector: Any) -> list[tuple[tuple, tuple]]:
+    """``(option, vector(option))`` for the first (simplest) option of each distinct vector."""
+    seen: dict[tuple, tuple] = {}
+    for option in options:
+        seen.setdefault(vector(option), option)
+    return [(option, vec) for vec, option in seen.items()]
+
+
+def _best_prompt(counts: VariantCounts, records: list[dict], profile: str) -> tuple[int, Variant]:
+    """:func:`_best_part` of the prompt side, fast: combinations giving the same counts on ``records`` are tried
+    once (the simplest), and every offset is read off one count of the deltas."""
+    rows = [(r, b, history_calls(r["request"].get("messages"))) for r in records
+            if (b := billed(r, "prompt_tokens")) is not None]
+    rests = _distinct(_simplest_first(REST_DIMENSIONS),
+                      lambda rest: tuple(counts.prompt_rest(r, profile, rest) for r, _, _ in rows))
+    best: tuple[int, tuple, Variant] | None = None
+    for rest, rest_counts in rests:
+        tools = _distinct(_simplest_first(TOOL_DIMENSIONS),
+                          lambda tool: tuple(counts.tool_turn(r, profile, *tool, rest[0]) for r, _, _ in rows))
+        for (tool, tool_counts), per_call in product(tools, SPACE["history_call_offset"]):
+            deltas = Counter(b - n - t - per_call * calls
+                             for (_, b, calls), n, t in zip(rows, rest_counts, tool_counts) if n is not None)
+            for offset in SPACE["prompt_offset"]:
+                equal = deltas.get(offset, 0)
+                if best is not None and equal < best[0]:
+                    continue
+                v = Variant(profile=profile, **dict(zip(REST_DIMENSIONS, rest)), **dict(zip(TOOL_DIMENSIONS, tool)),
+                            prompt_offset=offset, history_call_offset=per_call)
+                if best is None or (equal, tuple(-x for x in _flat(v.cost()))) > best[:2]:
+                    best = (equal, tuple(-x for x in _flat(v.cost())), v)
+    assert best is not None
+    return best[0], best[2]
+
+
+def _flat(cost: tuple[int, tuple[int, ...]]) -> tuple[int, ...]:
+    return (cost[0], *cost[1])
+
+
+def _best_part(counts: VariantCounts, records: list[dict], profile: str, kind: str) -> tuple[int, Variant]:
+    """The most equal records of one side under ``profile``, and the simplest sub-variant reaching it."""
+    if kind == "prompt":
+        return _best_prompt(counts, records, profile)
+    best: tuple[int, Variant] | None = None
+    for v in _sub_variants(profile, COMPLETION_DIMENSIONS):
+        equal = sum(d == 0 for d in _deltas(counts, records, v, kind))
+        if best is None or equal > best[0]:
+            best = (equal, v)
+    assert best is not None
+    return best
+
+
+def fit_group(counts: VariantCounts, records: list[dict], profiles: Sequence[str] | None = None) -> Variant:
+    """The variant under which the most of ``records`` have both counts equal to the billed ones, simplest first."""
+    key = (tuple(r["id"] for r in records), tuple(profiles or ()))
+    if key not in counts.fits:
+        counts.fits[key] = _fit(counts, records, profiles)
+    return counts.fits[key]
+
+
+def _fit(counts: VariantCounts, records: list[dict], profiles: Sequence[str] | None) -> Variant:
+    best: tuple[int, tuple, Variant] | None = None
+    for profile in profiles or SPACE["profile"]:
+        p_equal, pv = _best_part(counts, records, profile, "prompt")
+        c_equal, cv = _best_part(counts, records, profile, "completion")
+        v = replace(pv, **{f.name: getattr(cv, f.name) for f in fields(Variant) if f.name in COMPLETION_DIMENSIONS})
+        key = (-(p_equal + c_equal), v.cost())
+        if best is None or key < best[:2]:
+            best = (*key, v)
+    assert best is not None
+    return best[2]
+
+
+def held_out(record_id: str) -> bool:
+    """The deterministic half a record belongs to: True for the held-out half (sha256 of the id, even/odd)."""
+    return hashlib.sha256(record_id.encode()).digest()[0] % 2 == 1
+
+
+@dataclass
+class Side:
+    """One side's figures under a variant: equal / compared and the residual (billed − reconstructed)."""
+
+    equal: int
+    compared: int
+    median: float | None
+    low: int | None
+    high: int | None
+
+    @classmethod
+    def of(cls, deltas: list[int | None]) -> "Side":
+        known = [d for d in deltas if d is not None]
+        return cls(sum(d == 0 for d in known), len(deltas), statistics.median(known) if known else None,
+                   min(known) if known else None, max(known) if known else None)
+
+    @property
+    def explained(self) -> bool:
+        return self.compared == 0 or self.equal >= EXPLAINED * self.compared
+
+    def residual(self) -> str:
+        if self.median is None:
+            return "-"
+        return f"median {self.median:+g} (range {self.low:+d}..{self.high:+d})"
+
+
+# --------------------------------------------------------------------------------------------
+# Groups, periods, in-sample and held-out figures
+
+MONTH_FMT = "%Y-%m"
+
+
+def period_of(record: dict) -> str:
+    """The month (``YYYY-MM``, UTC) of the answer's ``created`` time, ``undated`` without one."""
+    created = (record.get("response") or {}).get("created")
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or created <= 0:
+        return "undated"
+    return datetime.fromtimestamp(created, tz=timezone.utc).strftime(MONTH_FMT)
+
+
+def in_period(month: str, period: str) -> bool:
+    """Whether a record's month falls in a table period (``all``, ``YYYY-MM`` or ``YYYY-MM..YYYY-MM``)."""
+    if period == "all":
+        return True
+    first, _, last = period.partition("..")
+    return first <= month <= (last or first)
+
+
+def _equal(counts: VariantCounts, records: list[dict], v: Variant) -> int:
+    return sum(d == 0 for kind in ("prompt", "completion") for d in _deltas(counts, records, v, kind))
+
+
+def _periods(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The group's records as one period (``all``), or split by month where the counts change: months fitted
+    apart, consecutive months with the same variant merged; the split is kept only when it makes at least two
+    more counts equal than one variant for the whole group."""
+    months: dict[str, list[dict]] = {}
+    for r in records:
+        months.setdefault(period_of(r), []).append(r)
+    whole = [("all", records)]
+    if len(months) < 2:
+        return whole
+    merged: list[tuple[list[str], Variant, list[dict]]] = []
+    for month in sorted(months):
+        v = fit_group(counts, months[month])
+        if merged and merged[-1][1] == v:
+            merged[-1][0].append(month)
+            merged[-1][2].extend(months[month])
+        else:
+            merged.append(([month], v, list(months[month])))
+    split = sum(_equal(counts, rs, v) for _, v, rs in merged)
+    if len(merged) < 2 or split < _equal(counts, records, fit_group(counts, records)) + 2:
+        return whole
+    return [(m[0] if len(m) == 1 else f"{m[0]}..{m[-1]}", rs) for m, _, rs in merged]
+
+
+def _figures(counts: VariantCounts, records: list[dict], v: Variant) -> dict[str, Side]:
+    return {kind: Side.of(_deltas(counts, records, v, kind)) for kind in ("prompt", "completion")}
+
+
+def calibrate_period(counts: VariantCounts, provider: str, model: str, period: str, records: list[dict]) -> dict:
+    """One row of the provider table: the variant fitted on all ``records`` with its in-sample figures, and the
+    variant fitted on the learning half scored on the held-out half."""
+    v = fit_group(counts, records)
+    learn = [r for r in records if not held_out(r["id"])]
+    test = [r for r in records if held_out(r["id"])]
+    learned = fit_group(counts, learn) if learn else Variant()
+    inside, outside = _figures(counts, records, v), _figures(counts, test, learned)
+    unexplained = [kind for kind, side in inside.items() if not side.explained]
+    return {"provider": provider, "model": model, "period": period, "records": len(records), "variant": v,
+            "in_sample": inside, "held_out": outside, "held_out_variant": learned,
+            "status": "unexplained" if unexplained else "explained", "unexplained": unexplained,
+            "tools": {flag: _figures(counts, [r for r in records if has_tools(r) == flag], v) for flag in (False, True)}}
+
+
+def calibrate(records: Iterable[dict], tok: Tokenizer, counts: VariantCounts | None = None) -> list[dict]:
+    """:func:`calibrate_period` of every (provider, model, period) of ``records`` (the kit's API records, with
+    ``response.provider``; records with an ``error`` are left out), sorted by provider, model and period."""
+    counts = counts or VariantCounts(tok)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if not isinstance(r, dict) or r.get("error") or not isinstance(r.get("request"), dict):
+            continue
+        response = r.get("response") or {}
+        key = (str(response.get("provider") or "unknown"), str(response.get("model") or r.get("format") or "unknown"))
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (provider, model), members in sorted(groups.items()):
+        for period, rs in _periods(counts, members):
+            rows.append(calibrate_period(counts, provider, model, period, rs))
+    return rows
+
+
+def totals(rows: Iterable[dict]) -> dict[str, tuple[int, int]]:
+    """Corpus totals (equal, compared): prompts without and with tools, completions; in sample and held out."""
+    out: dict[str, list[int]] = {}
+    for row in rows:
+        for name, side in (("prompt_no_tools", row["tools"][False]["prompt"]),
+                           ("prompt_tools", row["tools"][True]["prompt"]),
+                           ("completion", row["in_sample"]["completion"]),
+                           ("held_out_prompt", row["held_out"]["prompt"]),
+                           ("held_out_completion", row["held_out"]["completion"])):
+            acc = out.setdefault(name, [0, 0])
+            acc[0] += side.equal
+            acc[1] += side.compared
+    return {k: (v[0], v[1]) for k, v in out.items()}

@@ -1,0 +1,205 @@
+"""The provider table: per (provider, model, period), the server-side variant that explains its billed counts.
+
+A TOML data file a user can read and edit (``kimi_eagle/data/providers.toml``, shipped calibrated on the recorded
+exchanges of ``assets/data/real_api``; ``kimi-eagle providers --recorded --write-table PATH`` regenerates it).
+Each ``[[provider]]`` entry::
+
+    provider = "BaseTen"                      # response.provider as the log has it
+    model = "moonshotai/kimi-k2-0905"         # response.model
+    period = "all"                            # or "2025-09", "2025-10..2026-03": months of the answers' `created`
+    status = "explained"                      # or "unexplained": then `calibrated_profile` gives nothing
+    profile = "template"                      # a serving profile (kimi_eagle.chat.serving)
+    conventions = { template = "k2-0905", schema = "vllm", prompt_offset = 1 }  # kimi_eagle.chat.server_variants
+    records = 23
+    prompt = [23, 23]                         # in sample: equal, compared
+    completion = [23, 23]
+    held_out_prompt = [4, 4]                  # learned on one half, scored on the other
+    held_out_completion = [4, 4]
+    prompt_residual = "-"                     # billed - reconstructed under the variant: median (range)
+    completion_residual = "-"
+
+:func:`load_table` checks every entry: an unknown key, a missing one, a value of the wrong type, an unknown
+profile or convention is a :class:`TableError` of one line naming the file and the entry.
+:func:`calibrated_profile` is what ``--serving auto`` asks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from kimi_eagle.chat.server_variants import Variant, variant_from
+from kimi_eagle.chat.serving import PROFILES
+from kimi_eagle.reconstruct.calibration import in_period
+
+TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "providers.toml"
+STATUSES = ("explained", "unexplained")
+PAIRS = ("prompt", "completion", "held_out_prompt", "held_out_completion")
+KEYS: dict[str, type | tuple[type, ...]] = {
+    "provider": str, "model": str, "period": str, "status": str, "profile": str, "conventions": dict,
+    "records": int, **{k: list for k in PAIRS}, "prompt_residual": str, "completion_residual": str}
+
+
+class TableError(ValueError):
+    """A provider table that cannot be used; the message is one line naming the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    provider: str
+    model: str
+    period: str
+    status: str
+    variant: Variant
+    records: int
+    figures: dict[str, tuple[int, int]]
+    residuals: dict[str, str]
+
+
+def _period_ok(period: str) -> bool:
+    if period in ("all", "undated"):
+        return True
+    parts = period.split("..")
+    return len(parts) <= 2 and all(len(p) == 7 and p[4] == "-" and p[:4].isdigit() and p[5:].isdigit() for p in parts)
+
+
+def _problem(item: Any) -> str | None:
+    if not isinstance(item, dict):
+        return "is not a table"
+    unknown = sorted(set(item) - set(KEYS))
+    if unknown:
+        return f"unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})"
+    missing = [k for k in KEYS if k not in item]
+    if missing:
+        return f"missing key(s) {', '.join(missing)}"
+    for key, kind in KEYS.items():
+        if not isinstance(item[key], kind) or isinstance(item[key], bool):
+            return f"`{key}` is not a {kind.__name__}"  # type: ignore[union-attr]
+    for key in PAIRS:
+        pair = item[key]
+        if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair) \
+                or pair[0] > pair[1]:
+            return f"`{key}` is not [equal, compared] with 0 <= equal <= compared"
+    if item["status"] not in STATUSES:
+        return f"status {item['status']!r} is not one of {', '.join(STATUSES)}"
+    if item["profile"] not in PROFILES:
+        return f"unknown profile {item['profile']!r} (known: {', '.join(PROFILES)})"
+    if not _period_ok(item["period"]):
+        return f"period {item['period']!r} is not all, undated, YYYY-MM or YYYY-MM..YYYY-MM"
+    return None
+
+
+def _entry(item: dict, where: str) -> Entry:
+    try:
+        variant = variant_from(item["profile"], item["conventions"])
+    except (ValueError, TypeError) as e:
+        raise TableError(f"{where}: conventions: {e}") from None
+    return Entry(item["provider"], item["model"], item["period"], item["status"], variant, item["records"],
+                 {k: tuple(item[k]) for k in PAIRS},  # type: ignore[misc]
+                 {k: item[f"{k}_residual"] for k in ("prompt", "completion")})
+
+
+def load_table(path: str | os.PathLike | None = None) -> list[Entry]:
+    """Every entry of the table (the shipped one without ``path``); :class:`TableError` for a bad file."""
+    path = Path(path) if path is not None else TABLE_PATH
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TableError(f"{path}: cannot read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TableError(f"{path}: not TOML: {e}") from None
+    extra = sorted(set(data) - {"provider"})
+    if extra:
+        raise TableError(f"{path}: unknown top-level key(s) {', '.join(extra)} (the table is [[provider]] entries)")
+    items = data.get("provider", [])
+    if not isinstance(items, list):
+        raise TableError(f"{path}: `provider` is not an array of tables ([[provider]])")
+    out = []
+    for i, item in enumerate(items, 1):
+        where = f"{path}: provider entry {i}"
+        problem = _problem(item)
+        if problem:
+            raise TableError(f"{where}: {problem}")
+        out.append(_entry(item, where))
+    return out
+
+
+@lru_cache(maxsize=4)
+def _shipped(path: str) -> tuple[Entry, ...]:
+    return tuple(load_table(path))
+
+
+def _same_model(a: str, b: str) -> bool:
+    return a == b or a.rpartition("/")[2] == b.rpartition("/")[2]
+
+
+def calibrated_profile(provider: str, model: str, month: str | None = None,
+                       path: str | os.PathLike | None = None) -> tuple[str, dict[str, Any]] | None:
+    """``(serving profile name, conventions)`` the table gives ``provider`` serving ``model`` (a ``vendor/``
+    prefix may differ), in the period holding ``month`` (``YYYY-MM``) or else the latest period; None when the
+    table has no entry, or the entry is ``unexplained`` (never a silent pick)."""
+    entries = [e for e in _shipped(str(path or TABLE_PATH)) if e.provider == provider and _same_model(e.model, model)]
+    if month is not None:
+        entries = [e for e in entries if in_period(month, e.period)] or entries
+    if not entries:
+        return None
+    entry = max(entries, key=lambda e: e.period.rpartition("..")[2] if e.period != "all" else "")
+    if entry.status != "explained":
+        return None
+    return entry.variant.profile, entry.variant.conventions()
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+    raise TypeError(f"no TOML for {type(value).__name__}")
+
+
+def table_items(rows: Iterable[dict]) -> list[dict[str, Any]]:
+    """The table entries of :func:`~kimi_eagle.reconstruct.calibration.calibrate` rows."""
+    items = []
+    for row in rows:
+        inside, outside, v = row["in_sample"], row["held_out"], row["variant"]
+        items.append({"provider": row["provider"], "model": row["model"], "period": row["period"],
+                      "status": row["status"], "profile": v.profile, "conventions": v.conventions(),
+                      "records": row["records"],
+                      "prompt": [inside["prompt"].equal, inside["prompt"].compared],
+                      "completion": [inside["completion"].equal, inside["completion"].compared],
+                      "held_out_prompt": [outside["prompt"].equal, outside["prompt"].compared],
+                      "held_out_completion": [outside["completion"].equal, outside["completion"].compared],
+                      "prompt_residual": inside["prompt"].residual(),
+                      "completion_residual": inside["completion"].residual()})
+    return items
+
+
+def write_table(rows: Iterable[dict], path: str | os.PathLike, source: str) -> Path:
+    """Write the table of ``rows`` to ``path`` (``source``: what it was calibrated on, for the header)."""
+    lines = ["# Provider table: the server-side variant that explains each provider's billed counts.",
+             f"# Calibrated on {source} by `kimi-eagle providers` (kimi_eagle/reconstruct/calibration.py);",
+             "# format: kimi_eagle/reconstruct/provider_table.py, docs/providers.md. Editable: a wrong entry is",
+             "# refused on load with a one-line error.", ""]
+    for item in table_items(rows):
+        lines.append("[[provider]]")
+        lines += [f"{k} = {_toml(v)}" for k, v in item.items()]
+        lines.append("")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines), encoding="utf-8")
+    _shipped.cache_clear()
+    return path

@@ -1,0 +1,14 @@
+"""The ``>>>`` examples in the serving modules' docstrings run and say what the code does."""
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["kimi_eagle.chat.serving", "kimi_eagle.chat.profile_files", "kimi_eagle.chat.detok",
+           "kimi_eagle.chat.unserve"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_the_docstring_examples_hold(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0, name
