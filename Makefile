@@ -46,6 +46,7 @@ clean:
 # files) holding Moonshot's tokenization_kimi.py and tool_declaration_ts.py; the kit never runs that code.
 SERVER_VENV ?= .server-venv
 MODEL_DIR ?=
+SERVER_VECTORS_OUT ?= tests/data/servers
 server-vectors: install
 	@test -n "$(MODEL_DIR)" || { echo "usage: make server-vectors MODEL_DIR=DIR (a Kimi-K2.5 directory holding tokenization_kimi.py)"; exit 2; }
 	@test -f "$(MODEL_DIR)/tokenization_kimi.py" || { echo "$(MODEL_DIR) holds no tokenization_kimi.py"; exit 2; }
@@ -54,5 +55,5 @@ server-vectors: install
 	$(SERVER_VENV)/bin/pip install -q --no-deps sglang==0.5.23
 	$(SERVER_VENV)/bin/pip install -q -r tools/server_vectors/sglang-extras.txt
 	$(PY) tools/server_vectors/corpus.py --answers 3000 --prompts 640 --seed 0 -o $(SERVER_VENV)/corpus.jsonl
-	$(SERVER_VENV)/bin/python tools/server_vectors/collect_vllm.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out tests/data/servers
-	$(SERVER_VENV)/bin/python tools/server_vectors/collect_sglang.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out tests/data/servers
+	$(SERVER_VENV)/bin/python tools/server_vectors/collect_vllm.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out $(SERVER_VECTORS_OUT)
+	$(SERVER_VENV)/bin/python tools/server_vectors/collect_sglang.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out $(SERVER_VECTORS_OUT)

@@ -92,6 +92,11 @@ def lab(tmp_path_factory):
     for k, c in enumerate(nb.cells):
         c.setdefault("id", f"cell-{k}")
     nbformat.write(nb, root / "inspect.ipynb")
+    # every cell rendered, however long the outputs above it (JupyterLab's windowing detaches off-screen cells, whose
+    # text then reads empty)
+    settings = root / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     token, port = secrets.token_hex(16), free_port()
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "JUPYTER_CONFIG_DIR": str(root / "config"),
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces"), "KIMI_EAGLE_ASSETS": os.environ.get(

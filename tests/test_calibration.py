@@ -9,8 +9,17 @@ from kimi_eagle.apps.cli import main
 from kimi_eagle.assets import AssetError
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.k2_0905 import TOOLS_HEADING, KimiK2Instruct0905, declaration_0905
-from kimi_eagle.chat.server_variants import SCHEMAS, SPACE, Variant, all_variants, variant_from
-from kimi_eagle.chat.serving import get_profile
+from kimi_eagle.chat.server_variants import (
+    SCHEMAS,
+    SPACE,
+    Variant,
+    history_calls,
+    variant_from,
+    variant_prompt_pieces,
+    with_history,
+    with_system,
+)
+from kimi_eagle.chat.serving import get_profile, served_prompt_pieces
 from kimi_eagle.reconstruct.calibration import VariantCounts, calibrate, held_out, in_period, period_of, totals
 from kimi_eagle.reconstruct.provider_table import (
     TABLE_PATH,
@@ -27,6 +36,12 @@ from kimi_eagle.reconstruct.recorded import exchange_record, load_exchanges, rec
 PINNED = {
     ("BaseTen", "moonshotai/kimi-k2-0905", "all"): (
         "explained", "template + template=k2-0905, schema=vllm, prompt_offset=1", (23, 23), (23, 23), (4, 4), (4, 4)),
+    ("Chutes", "moonshotai/kimi-k2-0905", "all"): (
+        "explained", "template + template=k2-0905, schema=sglang, history_args=spaced, prompt_offset=1, "
+        "history_call_offset=1", (31, 31), (31, 31), (18, 19), (19, 19)),
+    ("Groq", "moonshotai/kimi-k2-0905", "all"): (
+        "explained", "template + template=k2-0905, schema=no-strict, answer_args=spaced", (11, 11), (11, 11),
+        (7, 7), (7, 7)),
     ("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-09"): (
         "explained", "template + tools=json-compact, schema=no-strict, tool_call_offset=1", (49, 49), (48, 49),
         (18, 18), (18, 18)),
@@ -36,6 +51,8 @@ PINNED = {
     ("DeepInfra", "moonshotai/kimi-k2-0905", "all"): (
         "unexplained", "template + template=k2-0905, schema=sglang, completion_offset=-1", (17, 34), (23, 34),
         (8, 19), (12, 19)),
+    ("WandB", "moonshotai/kimi-k2-0905", "all"): (
+        "unexplained", "template + schema=vllm", (11, 16), (16, 16), (6, 9), (9, 9)),
 }
 
 
@@ -68,10 +85,8 @@ def _row(rows, key):
 
 def test_the_space_is_a_product_of_small_dimensions_with_defaults_first():
     assert Variant().conventions() == {} and Variant().cost()[0] == 0
-    assert len(all_variants()) == len(all_variants(SPACE["profile"]))
-    sizes = [len(values) for values in SPACE.values()]
-    assert all(2 <= n <= 6 for n in sizes)
-    assert all_variants()[0] == Variant()
+    assert all(2 <= len(values) <= 6 for values in SPACE.values())
+    assert all(getattr(Variant(), name) == values[0] for name, values in SPACE.items())
     v = variant_from("vllm-0.33", {"schema": "sglang", "prompt_offset": 1})
     assert v.describe() == "vllm-0.33 + schema=sglang, prompt_offset=1" and v.cost()[0] == 3
     with pytest.raises(ValueError, match="schema 'pydantic2' is not one of"):
@@ -90,6 +105,21 @@ def test_schema_normalisations():
     assert SCHEMAS["sglang"]([tool]) == [{"description": "d", "name": "f", "parameters": {"type": "object"},
                                           "strict": False}]
     assert list(SCHEMAS["sorted"]([tool])[0]) == ["function", "type"]
+
+
+def test_history_conventions():
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "0", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}},
+                    {"id": "1", "type": "function", "function": {"name": "g", "arguments": "not json"}}]},
+                {"role": "tool", "tool_call_id": "0", "content": "x"}, {"role": "tool", "tool_call_id": "1", "content": "y"}]
+    out = with_history(messages, "counter", "spaced")
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["functions.f:0", "functions.g:1"]
+    assert [m["tool_call_id"] for m in out[2:]] == ["functions.f:0", "functions.g:1"]
+    assert [c["function"]["arguments"] for c in out[1]["tool_calls"]] == ['{"a": 1}', "not json"]
+    assert with_history(messages, "as-sent", "compact")[1]["tool_calls"][0]["id"] == "0"
+    assert history_calls(messages) == 2 and messages[1]["tool_calls"][0]["id"] == "0"  # inputs are not mutated
+    assert with_system(messages, "default")[0]["content"].startswith("You are Kimi")
 
 
 def test_the_k2_0905_template_declares_tools_under_a_heading(kimi):
@@ -116,6 +146,24 @@ def test_counts_split_at_the_tool_turn_equal_the_whole_reconstruction(records, k
             row = reconstruct_record(r, kimi, fmt, options)
             assert counts.prompt(r, Variant(profile=profile)) == row.n_prompt_tokens, (profile, r["id"])
             assert counts.completion_count(r, Variant(profile=profile)) == row.n_completion_tokens
+
+
+def test_a_variants_pieces_count_as_the_calibration_counts(records, kimi, counts):
+    """``variant_prompt_pieces`` (what ``--serving auto`` renders) encodes to the calibrated count less offsets."""
+    from kimi_eagle.chat.encoder import PieceEncoder
+    from kimi_eagle.chat.messages import normalise_messages
+
+    enc = PieceEncoder(kimi)
+    variants = [Variant(template="k2-0905", schema="vllm", prompt_offset=1), Variant(tools="ts", schema="sglang"),
+                Variant(profile="vllm-0.33", history_ids="counter", history_args="spaced", system="default")]
+    for r in [r for r in records if "error" not in r and r["format"] == "kimi-k2-instruct"][::5]:
+        for v in variants:
+            profile = get_profile(v.profile)
+            pieces = variant_prompt_pieces(normalise_messages(r["request"]["messages"]), r["request"].get("tools"),
+                                           r["format"], v, profile, kimi)
+            if profile.marker_text != "text":
+                pieces = served_prompt_pieces(pieces, profile, kimi.special_id_by_text)
+            assert len(enc.encode_marked(pieces)[0]) + v.prompt_offset == counts.prompt(r, v), (r["id"], v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,7 +202,7 @@ def test_held_out_parity(rows, records):
     assert 0.35 * len(ids) < half < 0.65 * len(ids) and [held_out(i) for i in ids] == [held_out(i) for i in ids]
     t = totals(rows)
     assert t["held_out_prompt"][1] == half == t["held_out_completion"][1]
-    assert t["held_out_prompt"][0] >= 0.70 * half and t["held_out_completion"][0] >= 0.85 * half
+    assert t["held_out_prompt"][0] >= 0.75 * half and t["held_out_completion"][0] >= 0.9 * half
     for r in rows:  # a learned variant scores the held-out half of its own explained group almost as well
         if r["status"] == "explained" and r["held_out"]["prompt"].compared >= 4:
             assert r["held_out"]["prompt"].equal >= 0.75 * r["held_out"]["prompt"].compared, r["provider"]
@@ -162,9 +210,10 @@ def test_held_out_parity(rows, records):
 
 def test_corpus_totals_against_the_targets(rows):
     t = totals(rows)
-    assert t["prompt_no_tools"] == (88, 89)  # target 98 %: met
-    assert t["prompt_tools"][0] >= 192 and t["prompt_tools"][1] == 272  # target 90 %: not met (70.6 %)
-    assert t["completion"][0] >= 318 and t["completion"][1] == 361  # target <= 2 % unexplained: not met
+    assert t["prompt_no_tools"] == (88, 89)  # target 98 %: met (98.9 %)
+    assert t["prompt_tools"] == (216, 272)  # target 90 %: not met (79.4 %)
+    assert t["completion"] == (338, 361)  # target <= 2 % unexplained: not met (6.4 %)
+    assert t["held_out_prompt"] == (140, 180) and t["held_out_completion"] == (166, 180)
 
 
 def test_the_shipped_table_is_the_calibration_of_the_recorded_corpus(rows):
@@ -183,6 +232,7 @@ def test_the_shipped_table_is_the_calibration_of_the_recorded_corpus(rows):
 def test_calibrated_profile_reads_the_table():
     assert calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905") == (
         "template", {"template": "k2-0905", "schema": "vllm", "prompt_offset": 1})
+    assert calibrated_profile("Chutes", "moonshotai/kimi-k2.5-0127") == ("vllm-0.33", {})
     assert calibrated_profile("BaseTen", "kimi-k2-0905") is not None  # the vendor prefix may differ
     assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905")[1]["tools"] == "ts"  # the latest period
     assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905", month="2025-09")[1]["tools"] == "json-compact"

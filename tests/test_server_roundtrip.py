@@ -54,13 +54,14 @@ def outcome(row, engine_ids: list[int]) -> str:
     return "flagged" if LOSS_FLAGS & set(row.flags) else "silent"
 
 
-def roundtrip(name: str, variant: str, profile_name: str, tok) -> collections.Counter:
+def roundtrip(name: str, variant: str, profile_name: str, tok, keep=lambda vector: True) -> collections.Counter:
+    """Outcome counts of the ``variant`` answers of ``name`` that ``keep`` accepts, reconstructed with the profile."""
     profile = get_profile(profile_name)
     fmt = get_format("kimi-k2.5", tok, tool_declaration=profile.tool_declaration)
     _, vectors = load_vectors(name)
     out: collections.Counter = collections.Counter()
     for v in vectors:
-        if v["answers"].get(variant, {}).get("status") != 200:
+        if v["answers"].get(variant, {}).get("status") != 200 or not keep(v):
             continue
         try:
             row = reconstruct_record(api_record(v, variant), tok, fmt, serving_options(profile))
@@ -108,15 +109,7 @@ WELL_FORMED_ID = re.compile(r"functions\.[\w.\-]+:\d+")
 
 
 def well_formed_roundtrip(name: str, variant: str, profile_name: str, tok) -> collections.Counter:
-    profile = get_profile(profile_name)
-    fmt = get_format("kimi-k2.5", tok, tool_declaration=profile.tool_declaration)
-    _, vectors = load_vectors(name)
-    out: collections.Counter = collections.Counter()
-    for v in vectors:
-        if v["answers"].get(variant, {}).get("status") == 200 and well_formed(v, tok):
-            row = reconstruct_record(api_record(v, variant), tok, fmt, serving_options(profile))
-            out[outcome(row, v["completion_ids"])] += 1
-    return out
+    return roundtrip(name, variant, profile_name, tok, keep=lambda vector: well_formed(vector, tok))
 
 
 @pytest.mark.parametrize("name,variant,profile", [("vllm-0.33.answers.jsonl.gz", v, p) for v, p in VLLM_VARIANTS.items()]

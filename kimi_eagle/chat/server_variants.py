@@ -42,6 +42,8 @@ on the rendered prompt pieces, or on counts:
 ``prompt_offset`` / ``completion_offset``
     constant differences of the billed counts (a BOS token, a generation prompt counted or not; the
     end-of-turn token counted or not).
+``tool_turn_offset``
+    a difference of the billed prompt of requests with tools only (the declaration turn framed differently).
 ``history_call_offset``
     a difference of the billed prompt per earlier tool call in the request (a separator the server's template
     writes around each call or result that none of the templates above writes).
@@ -65,7 +67,8 @@ from typing import Any, Callable, Sequence
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, tojson
 from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, Format, Message, get_format
 from kimi_eagle.chat.k2_0905 import KimiK2Instruct0905, declaration_0905
-from kimi_eagle.chat.serving import deep_sort
+from kimi_eagle.chat.serving import deep_sort, preprocess_request
+from kimi_eagle.chat.serving_profile import ServingProfile
 from kimi_eagle.chat.tool_decl import tools_to_typescript
 
 # dimension -> its values, the default first (knowledge as data: add a value here and a function below)
@@ -79,13 +82,14 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "history_args": ("as-sent", "spaced", "compact"),
     "prompt_offset": (0, -1, 1, -2, 2),
     "history_call_offset": (0, 1, -1),
+    "tool_turn_offset": (0, -1, 1),
     "completion_offset": (0, -1, 1),
     "tool_call_offset": (0, 1, -1),
     "answer_args": ("as-answered", "spaced"),
     "reasoning": ("counted", "excluded"),
 }
 PROMPT_DIMENSIONS = ("template", "tools", "schema", "system", "history_ids", "history_args", "prompt_offset",
-                     "history_call_offset")
+                     "history_call_offset", "tool_turn_offset")
 REST_DIMENSIONS = ("template", "system", "history_ids", "history_args")  # the prompt without its tool turn
 COMPLETION_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "reasoning")
 REASONING_KINDS = frozenset({"reasoning", "think_begin", "think_end"})
@@ -104,6 +108,7 @@ class Variant:
     history_args: str = "as-sent"
     prompt_offset: int = 0
     history_call_offset: int = 0
+    tool_turn_offset: int = 0
     completion_offset: int = 0
     tool_call_offset: int = 0
     answer_args: str = "as-answered"
@@ -111,7 +116,8 @@ class Variant:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name) not in SPACE[f.name]:
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or value not in SPACE[f.name]:
                 allowed = ", ".join(map(str, SPACE[f.name]))
                 raise ValueError(f"{f.name} {getattr(self, f.name)!r} is not one of {allowed}")
 
@@ -275,10 +281,25 @@ def tool_block(text: str) -> list[Piece]:
             ("<|im_end|>", SPECIAL)]
 
 
-def all_variants(profiles: Sequence[str] | None = None) -> list[Variant]:
-    """Every variant of the space (``profiles``: restrict that dimension), simplest first."""
-    out = [Variant()]
-    for f in fields(Variant):
-        values = profiles if f.name == "profile" and profiles is not None else SPACE[f.name]
-        out = [replace(v, **{f.name: value}) for v in out for value in values]
-    return sorted(out, key=Variant.cost)
+def variant_prompt_pieces(messages: Sequence[Message], tools: list | None, fmt_name: str, variant: Variant,
+                          profile: ServingProfile, tok: Any = None) -> list[Piece] | None:
+    """The prompt pieces ``variant`` renders for normalised request ``messages`` and ``tools`` under ``profile``
+    (its prompt side; ``marker_text`` is applied when encoding), None where its ``template`` does not apply to
+    ``fmt_name``. Count offsets are not pieces: add them to the count. RecordError when the profile's server
+    refuses the request."""
+    fmt = template_format(variant.template, fmt_name, tok)
+    if fmt is None:
+        return None
+    messages = with_history(with_system(messages, variant.system), variant.history_ids, variant.history_args)
+    if profile.name != "template":
+        messages, _ = preprocess_request(messages, None, profile)
+    pieces = fmt.prompt_pieces(messages, None)
+    if variant.system == "none":
+        pieces = without_template_system(pieces)
+    if tools:  # every Kimi template declares the tools first
+        shaped = SCHEMAS[variant.schema](tools)
+        if profile.sort_tools:
+            shaped = deep_sort(shaped)
+        text = declaration(shaped, variant.tools, fmt_name, profile.tool_declaration, variant.template)
+        pieces = tool_block(text) + pieces
+    return pieces

@@ -34,13 +34,10 @@ from kimi_eagle.chat.server_variants import (
     Variant,
     declaration,
     history_calls,
-    template_format,
     tool_block,
-    with_history,
-    with_system,
-    without_template_system,
+    variant_prompt_pieces,
 )
-from kimi_eagle.chat.serving import deep_sort, get_profile, preprocess_request, served_prompt_pieces
+from kimi_eagle.chat.serving import deep_sort, get_profile, served_prompt_pieces
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -75,12 +72,6 @@ class VariantCounts:
             self._formats[key] = get_format(name, self.tok, declaration_kind)
         return self._formats[key]
 
-    def _template(self, template: str, fmt_name: str) -> Any:
-        key = ("template", template, fmt_name)
-        if key not in self._formats:
-            self._formats[key] = template_format(template, fmt_name, self.tok)
-        return self._formats[key]
-
     def _count(self, pieces: list, profile: Any) -> int:
         if profile.marker_text != "text":
             pieces = served_prompt_pieces(pieces, profile, self.tok.special_id_by_text)
@@ -93,17 +84,13 @@ class VariantCounts:
         if key not in self._rest:
             template, system, ids, args = rest
             profile = get_profile(profile_name)
+            variant = Variant(profile=profile_name, template=template, system=system, history_ids=ids,
+                              history_args=args)
             try:
-                fmt = self._template(template, record["format"])
-                if fmt is None:
+                messages = normalise_messages(record["request"].get("messages"))
+                pieces = variant_prompt_pieces(messages, None, record["format"], variant, profile, self.tok)
+                if pieces is None:
                     raise ValueError("template not applicable")
-                messages = with_system(normalise_messages(record["request"].get("messages")), system)
-                messages = with_history(messages, ids, args)
-                if profile_name != "template":
-                    messages, _ = preprocess_request(messages, None, profile)
-                pieces = fmt.prompt_pieces(messages, None)
-                if system == "none":
-                    pieces = without_template_system(pieces)
                 self._rest[key] = self._count(pieces, profile)
             except (RecordError, KeyError, TypeError, ValueError, AttributeError):
                 self._rest[key] = None
@@ -157,7 +144,8 @@ class VariantCounts:
         rest = self.prompt_rest(record, v.profile, tuple(getattr(v, d) for d in REST_DIMENSIONS))
         if rest is None:
             return None
-        return (rest + self.tool_turn(record, v.profile, v.tools, v.schema, v.template) + v.prompt_offset
+        turn = self.tool_turn(record, v.profile, v.tools, v.schema, v.template)
+        return (rest + turn + (v.tool_turn_offset if turn else 0) + v.prompt_offset
                 + v.history_call_offset * history_calls(record["request"].get("messages")))
 
     def completion_count(self, record: dict, v: Variant) -> int | None:
@@ -239,15 +227,16 @@ def _best_prompt(counts: VariantCounts, records: list[dict], profile: str) -> tu
     for rest, rest_counts in rests:
         tools = _distinct(_simplest_first(TOOL_DIMENSIONS),
                           lambda tool: tuple(counts.tool_turn(r, profile, *tool, rest[0]) for r, _, _ in rows))
-        for (tool, tool_counts), per_call in product(tools, SPACE["history_call_offset"]):
-            deltas = Counter(b - n - t - per_call * calls
+        for (tool, tool_counts), per_call, per_turn in product(tools, SPACE["history_call_offset"],
+                                                               SPACE["tool_turn_offset"]):
+            deltas = Counter(b - n - t - (per_turn if t else 0) - per_call * calls
                              for (_, b, calls), n, t in zip(rows, rest_counts, tool_counts) if n is not None)
             for offset in SPACE["prompt_offset"]:
                 equal = deltas.get(offset, 0)
                 if best is not None and equal < best[0]:
                     continue
                 v = Variant(profile=profile, **dict(zip(REST_DIMENSIONS, rest)), **dict(zip(TOOL_DIMENSIONS, tool)),
-                            prompt_offset=offset, history_call_offset=per_call)
+                            prompt_offset=offset, history_call_offset=per_call, tool_turn_offset=per_turn)
                 if best is None or (equal, tuple(-x for x in _flat(v.cost()))) > best[:2]:
                     best = (equal, tuple(-x for x in _flat(v.cost())), v)
     assert best is not None
@@ -330,19 +319,23 @@ MONTH_FMT = "%Y-%m"
 
 
 def period_of(record: dict) -> str:
-    """The month (``YYYY-MM``, UTC) of the answer's ``created`` time, ``undated`` without one."""
+    """The month (``YYYY-MM``, UTC) of the answer's ``created`` time, ``undated`` without one (months, not days:
+    a day split fits noise, e.g. two records of one day)."""
     created = (record.get("response") or {}).get("created")
     if isinstance(created, bool) or not isinstance(created, (int, float)) or created <= 0:
         return "undated"
     return datetime.fromtimestamp(created, tz=timezone.utc).strftime(MONTH_FMT)
 
 
-def in_period(month: str, period: str) -> bool:
-    """Whether a record's month falls in a table period (``all``, ``YYYY-MM`` or ``YYYY-MM..YYYY-MM``)."""
+def in_period(when: str, period: str) -> bool:
+    """Whether a day or month (``YYYY-MM-DD``, ``YYYY-MM``) falls in a table period (``all``, a day or month, or
+    ``FIRST..LAST``), compared at the shorter of the two precisions."""
     if period == "all":
         return True
     first, _, last = period.partition("..")
-    return first <= month <= (last or first)
+    last = last or first
+    n = min(len(when), len(first), len(last))
+    return first[:n] <= when[:n] <= last[:n]
 
 
 def _equal(counts: VariantCounts, records: list[dict], v: Variant) -> int:

@@ -49,6 +49,7 @@ from sglang.srt.server_args import prepare_server_args
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.srt.utils.json_response import model_json_response
 from sglang.srt.utils.request_logger import RequestLogger
+from streamed import assemble
 
 # spaces_between_special_tokens: left to SGLang's default (True, ChatCompletionRequest.to_sampling_params), and off
 SETTINGS = {"default": None, "nospace": False}
@@ -234,29 +235,6 @@ def sse_chunks(lines: list[str]) -> tuple[list[dict], dict | None]:
     return chunks, error
 
 
-def assemble(chunks: list[dict]) -> dict:
-    """The message a client assembles from streamed deltas (tool calls by ``index``)."""
-    reasoning, content, calls, finish = [], [], {}, None
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content") is not None:
-                reasoning.append(delta["reasoning_content"])
-            if delta.get("content") is not None:
-                content.append(delta["content"])
-            for tc in delta.get("tool_calls") or []:
-                slot = calls.setdefault(tc.get("index", len(calls)), {"id": None, "name": None, "arguments": ""})
-                fn = tc.get("function") or {}
-                slot["id"] = tc.get("id") or slot["id"]
-                slot["name"] = fn.get("name") or slot["name"]
-                slot["arguments"] += fn.get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    return {"message": {"reasoning": "".join(reasoning) if reasoning else None,
-                        "content": "".join(content) if content else None,
-                        "tool_calls": [calls[k] for k in sorted(calls)]},
-            "finish_reason": finish}
-
-
 class Collector:
     """Drives ``OpenAIServingChat.handle_request`` one request at a time (the stand-in holds one plan)."""
 
@@ -302,7 +280,7 @@ class Collector:
         if response.status_code != 200 or not hasattr(response, "body_iterator"):
             return error_of(response)
         chunks, error = sse_chunks([chunk async for chunk in response.body_iterator])
-        return error or {"status": 200, **assemble(chunks)}
+        return error or {"status": 200, **assemble(chunks, "reasoning_content")}
 
     async def run_case(self, case: dict) -> dict:
         prompt = await self.render(case["request"])

@@ -26,6 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import httpx
+from streamed import assemble
 
 SETTINGS = {"space": True, "nospace": False}
 
@@ -132,29 +133,6 @@ class Client:
             chunks.append(got["chunk"])
             pos += step
         return {"status": 200, **assemble(chunks)}
-
-
-def assemble(chunks: list[dict]) -> dict:
-    """The message a client assembles from streamed deltas (tool calls by ``index``)."""
-    reasoning, content, calls, finish = [], [], {}, None
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning") is not None:
-                reasoning.append(delta["reasoning"])
-            if delta.get("content") is not None:
-                content.append(delta["content"])
-            for tc in delta.get("tool_calls") or []:
-                slot = calls.setdefault(tc.get("index", len(calls)), {"id": None, "name": None, "arguments": ""})
-                fn = tc.get("function") or {}
-                slot["id"] = tc.get("id") or slot["id"]
-                slot["name"] = fn.get("name") or slot["name"]
-                slot["arguments"] += fn.get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    return {"message": {"reasoning": "".join(reasoning) if reasoning else None,
-                        "content": "".join(content) if content else None,
-                        "tool_calls": [calls[k] for k in sorted(calls)]},
-            "finish_reason": finish}
 
 
 async def run_case(client: Client, case: dict, sem: asyncio.Semaphore) -> dict:
