@@ -55,6 +55,10 @@ def test_a_leading_space_is_the_detokenizers_and_a_returned_cut_call_is_vllm_0_3
     assert answer_consistent(cut, get_profile("vllm-0.33-nospace")) is True
     assert answer_consistent(cut, get_profile("vllm-legacy")) is False
     assert answer_consistent({"response": {}}, get_profile("vllm-0.33")) is None
+    random_id = {"response": {"choices": [{"message": {"content": "ok", "tool_calls": [{"id": "chatcmpl-tool-9f"}]},
+                                           "finish_reason": "tool_calls"}]}}
+    assert answer_consistent(random_id, get_profile("vllm-0.33-nospace")) is True
+    assert answer_consistent(random_id, get_profile("sglang-0.5")) is False
 
 
 def test_the_choice_and_its_evidence_reach_the_serving_json_and_the_billing_page(tmp_path, capsys):

@@ -3,6 +3,7 @@ code (docs/reconstruct.md, "Serving profiles"), the ``template`` profile equal t
 profiles, and a round trip per profile: render -> parse as the server -> reconstruct with the same
 profile gives the engine's IDs back, or the row says why not."""
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -541,3 +542,30 @@ def test_auto_on_the_bundled_datasets_is_template_byte_for_byte(dataset, tmp_pat
     evidence = json.loads((tmp_path / "auto.parquet.serving.json").read_text())
     assert [(g["profile"], g["no_evidence"]) for g in evidence["groups"]] == [
         ("template", "no billed prompt_tokens to compare")]
+
+
+def test_diff_report_shows_the_auto_choice_and_its_evidence(tmp_path):
+    """A diff folder made from a reconstruction whose OUT.serving.json exists: the evidence lines on the page."""
+    import pyarrow as pa
+
+    from kimi_eagle.apps.reports.diff_report import write_report
+    from kimi_eagle.chat.serving_choice import describe
+    from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, DiffResult
+
+    recon = tmp_path / "recon.parquet"
+    group = {"provider": "B", "dataset": None, "profile": "vllm-0.33", "no_evidence": None, "compared": 4,
+             "prompt_matched": {"vllm-0.33": 4}, "completion_compared": 0, "completion_matched": {},
+             "answer_compared": 3, "answer_matched": {"vllm-0.33": 3}}
+    Path(f"{recon}.serving.json").write_text(json.dumps({"rule": "auto", "groups": [group]}))
+    out = tmp_path / "diff"
+    out.mkdir()
+    (out / "meta.json").write_text(json.dumps({"reconstructed": str(recon)}))
+    row = {**{f.name: None for f in RECORD_SCHEMA}, "id": "b", "provider": "B", "status": "ok", "verdict": "exact",
+           "label": "exact", "subclasses": [], "flags": [], "dataset": "unit", "n_engine_tokens": 3,
+           "n_recon_tokens": 3, "token_delta": 0, "n_hunks": 0}
+    result = DiffResult(pa.Table.from_pylist([row], schema=RECORD_SCHEMA).to_pandas(),
+                        pa.Table.from_pylist([], schema=HUNK_SCHEMA).to_pandas())
+    summary = write_report(result, out)
+    line = "provider B: vllm-0.33 profile, prompt counts matched 4/4, answers consistent 3/3"
+    assert summary["serving_evidence"] == [describe(group)] == [line]
+    assert line in (out / "report.html").read_text()

@@ -166,7 +166,8 @@ def answer_consistent(record: dict, profile: ServingProfile) -> bool | None:
     Read from the answer alone: a leading space in reasoning (or in content after reasoning) is the
     detokenizer's ``spaces_between_special_tokens`` (servers with it on always start them with one; without
     it, or with the jinja alone, a model rarely does); a length cut that still returns a tool call is vLLM
-    0.33's (older vLLM and SGLang drop the cut call and report ``tool_calls``).
+    0.33's (older vLLM and SGLang drop the cut call and report ``tool_calls``); a ``chatcmpl-tool-<random>`` id
+    is vLLM 0.33's for a header it could not read.
     """
     msg = _message(record)
     if not isinstance(msg, dict):
@@ -178,7 +179,13 @@ def answer_consistent(record: dict, profile: ServingProfile) -> bool | None:
         verdicts.append(first.startswith(" ") == profile.spaces_between_special_tokens)
     if msg.get("finish_reason") == "length" and msg.get("tool_calls"):
         verdicts.append(profile.answer_rules == "vllm-0.33" or profile.unterminated_call == "keep")
+    ids = [c.get("id") for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+    if any(isinstance(i, str) and i.startswith(VLLM_RANDOM_ID) for i in ids):
+        verdicts.append(profile.answer_rules == "vllm-0.33")  # made up by vLLM 0.33 for a header it could not read
     return all(verdicts) if verdicts else None
+
+
+VLLM_RANDOM_ID = "chatcmpl-tool-"
 
 
 def completion_agrees(count: int, dropped: bool, billed: int) -> bool:
