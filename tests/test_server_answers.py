@@ -27,7 +27,7 @@ import pytest
 from kimi_eagle.chat.parse import ParseOptions, parse_completion
 from kimi_eagle.chat.served_answer import RANDOM_ID
 from kimi_eagle.chat.served_sglang import SglangOptions, sglang_answer
-from kimi_eagle.chat.serving import get_profile, history_call_count
+from kimi_eagle.chat.serving import PROFILES, get_profile, history_call_count
 
 SERVERS = Path(__file__).parent / "data" / "servers"
 
@@ -174,3 +174,11 @@ def test_sglang_streams_replayed_with_the_recorded_chunks_are_the_servers(varian
         if kit != server_answer(v, variant):
             differ.append(v["case"])
     assert differ == []
+
+
+@pytest.mark.parametrize("profile", [n for n, p in PROFILES.items() if p.answer_rules != "legacy"])
+def test_a_server_profile_reads_another_tokenizers_ids_without_kimis_constants(profile, stories):
+    """A non-Kimi tokenizer (stories260K: 512 IDs) has no <think> to seed the decode with: no IndexError."""
+    ids = stories.encode("Let me think.</think>Paris is sunny today.", allow_special=True)
+    parsed = parse_completion(ids, stories, ParseOptions(serving=profile))
+    assert parsed.n_tokens == len(ids)

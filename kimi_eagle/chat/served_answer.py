@@ -278,7 +278,7 @@ def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any,
     """
     finish = options.finish_reason or ("stop" if ids and ids[-1] in ServedOptions.stop_ids else "length")
     opts = ServedOptions(spaces=profile.spaces_between_special_tokens, streaming=profile.streaming,
-                         thinking=start != "content", finish_reason=finish, prompt_tail=(_PROMPT_TAIL[start],),
+                         thinking=start != "content", finish_reason=finish, prompt_tail=prompt_tail(tok, start),
                          tools=tuple(options.tools) if options.tools is not None else None)
     answer = served_answer(ids, tok, opts)
     flags = [f for f in written.flags if f not in ("whitespace_stripped",)]
@@ -286,4 +286,11 @@ def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any,
 
 
 # the generation prompt's last token, per where the completion starts (all are added tokens: a space follows)
-_PROMPT_TAIL = {"reasoning": 163606, "think_begin": 163601, "content": 163607}
+PROMPT_TAIL = {"reasoning": "<think>", "think_begin": "<|im_middle|>", "content": "</think>"}
+
+
+def prompt_tail(tok: Tokenizer, start: str) -> tuple[int, ...]:
+    """The generation prompt's last token where the completion begins at ``start`` (an added token: a space
+    follows it in a spaced decode); empty for a tokenizer without it (a non-Kimi tokenizer: nothing to seed)."""
+    tail = tok.special_id_by_text.get(PROMPT_TAIL[start])
+    return (tail,) if tail is not None else ()

@@ -49,7 +49,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kimi_eagle.chat.served_answer import ServedAnswer
+from kimi_eagle.chat.served_answer import ServedAnswer, prompt_tail
 from kimi_eagle.chat.served_parse import ARG, CALL, CALL_END, SECTION, SECTION_END, THINK, THINK_END
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
@@ -488,12 +488,10 @@ def parse_sglang(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any,
     stops = SglangOptions.stop_ids
     finish = options.finish_reason or ("stop" if ids and ids[-1] in stops else "length")
     opts = SglangOptions(streaming=profile.streaming, thinking=start != "content", finish_reason=finish,
-                         prompt_tail=(_PROMPT_TAIL[start],), history_tool_calls=options.history_tool_calls,
+                         prompt_tail=prompt_tail(tok, start), history_tool_calls=options.history_tool_calls,
                          tools=tuple(options.tools) if options.tools is not None else None,
                          tool_choice=getattr(options, "tool_choice", None))
     answer = sglang_answer(ids, tok, opts)
     return answer, [f for f in written.flags if f != "whitespace_stripped"] + sglang_flags(answer, written)
 
 
-# the generation prompt's last token, per where the completion starts
-_PROMPT_TAIL = {"reasoning": 163606, "think_begin": 163601, "content": 163607}
