@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import gzip
 import json
 import logging
 import random
@@ -49,7 +48,7 @@ from sglang.srt.server_args import prepare_server_args
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.srt.utils.json_response import model_json_response
 from sglang.srt.utils.request_logger import RequestLogger
-from streamed import assemble
+from shared import assemble, write_vectors
 
 # spaces_between_special_tokens: left to SGLang's default (True, ChatCompletionRequest.to_sampling_params), and off
 SETTINGS = {"default": None, "nospace": False}
@@ -318,25 +317,6 @@ def quiet_logs(log: Path) -> None:
     warnings.simplefilter("default")
 
 
-def write_vectors(out_dir: Path, cases: list[dict], results: list[dict], meta: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    by_case = {r["case"]: r for r in results}
-    prompts = out_dir / "sglang-0.5.prompts.jsonl.gz"
-    answers = out_dir / "sglang-0.5.answers.jsonl.gz"
-    with gzip.open(prompts, "wt", encoding="utf-8") as fp, gzip.open(answers, "wt", encoding="utf-8") as fa:
-        fp.write(json.dumps({"meta": meta}) + "\n")
-        fa.write(json.dumps({"meta": meta}) + "\n")
-        for case in cases:
-            got = by_case[case["case"]]
-            fp.write(json.dumps({"case": case["case"], "request": case["request"], **got["prompt"]},
-                                ensure_ascii=False) + "\n")
-            if case["kind"] == "answer":
-                fa.write(json.dumps({"case": case["case"], "request": case["request"],
-                                     "completion_ids": case["completion_ids"],
-                                     "finish_reason": case["finish_reason"], "prompt_status": got["prompt"]["status"],
-                                     "answers": got["answers"]}, ensure_ascii=False) + "\n")
-
-
 def meta_of(setup_s: float, collect_s: float) -> dict:
     return {"server": "sglang", "version": version("sglang"), "transformers": version("transformers"),
             "tokenizers": version("tokenizers"), "tiktoken": version("tiktoken"),
@@ -365,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logs(Path(a.out) / ".sglang-inprocess.log")
     results = asyncio.run(collector.collect(cases))
     meta = meta_of(setup_s, time.monotonic() - t0 - setup_s)
-    write_vectors(Path(a.out), cases, results, meta)
+    write_vectors(Path(a.out), "sglang-0.5", cases, results, meta)
     n_ans = sum(1 for c in cases if c["kind"] == "answer")
     print(f"sglang {meta['version']}: {len(cases)} prompts, {n_ans} answer cases x {2 * len(SETTINGS)} variants "
           f"in {meta['collect_s']} s -> {a.out}", file=sys.stderr)

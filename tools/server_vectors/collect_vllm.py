@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import os
 import random
@@ -26,7 +25,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import httpx
-from streamed import assemble
+from shared import assemble, write_vectors
 
 SETTINGS = {"space": True, "nospace": False}
 
@@ -158,25 +157,6 @@ async def collect(base: str, model: str, cases: list[dict], workers: int) -> lis
     return list(results)
 
 
-def write_vectors(out_dir: Path, cases: list[dict], results: list[dict], meta: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    by_case = {r["case"]: r for r in results}
-    prompts = out_dir / "vllm-0.33.prompts.jsonl.gz"
-    answers = out_dir / "vllm-0.33.answers.jsonl.gz"
-    with gzip.open(prompts, "wt", encoding="utf-8") as fp, gzip.open(answers, "wt", encoding="utf-8") as fa:
-        fp.write(json.dumps({"meta": meta}) + "\n")
-        fa.write(json.dumps({"meta": meta}) + "\n")
-        for case in cases:
-            got = by_case[case["case"]]
-            fp.write(json.dumps({"case": case["case"], "request": case["request"], **got["prompt"]},
-                                ensure_ascii=False) + "\n")
-            if case["kind"] == "answer":
-                fa.write(json.dumps({"case": case["case"], "request": case["request"],
-                                     "completion_ids": case["completion_ids"],
-                                     "finish_reason": case["finish_reason"], "prompt_status": got["prompt"]["status"],
-                                     "answers": got["answers"]}, ensure_ascii=False) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True)
@@ -205,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                          "stream-*": "streamed derender, seeded chunks of 1-4 tokens"},
             "chat_template": "the model dir's chat_template.jinja (K2.5)",
             "server_start_s": round(started, 1), "collect_s": round(time.monotonic() - t0 - started, 1)}
-    write_vectors(Path(a.out), cases, results, meta)
+    write_vectors(Path(a.out), "vllm-0.33", cases, results, meta)
     n_ans = sum(1 for c in cases if c["kind"] == "answer")
     print(f"vllm {meta['version']}: {len(cases)} prompts, {n_ans} answer cases x {2 * len(SETTINGS)} variants "
           f"in {meta['collect_s']} s -> {a.out}", file=sys.stderr)
