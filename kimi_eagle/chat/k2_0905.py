@@ -22,44 +22,20 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, tojson
-from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, KimiK2Instruct, Message
+from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, KimiK2Instruct, Message, _content_k2, _j, _opener
 
 TOOLS_HEADING = "\n  # Tools\n  "
-_MEDIA = [("<|media_start|>", SPECIAL), ("image", TEXT), ("<|media_content|>", SPECIAL), ("<|media_pad|>", SPECIAL),
-          ("<|media_end|>", SPECIAL), ("\n", TEXT)]
-
 
 def declaration_0905(tools: list) -> str:
     """The text of the 0905 template's tool declaration turn."""
     return TOOLS_HEADING + tojson(tools)
 
 
-def _opener(role: str) -> str:
-    return "<|im_user|>" if role == "user" else "<|im_assistant|>" if role == "assistant" else "<|im_system|>"
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else str(value)
-
-
-def _content(m: Message) -> list[Piece]:
-    c = m.get("content")
-    if isinstance(c, str):
-        return [(c, CONTENT)] if c else []
-    out: list[Piece] = []
-    for part in c or ():
-        if part.get("type") == "image" or "image" in part or "image_url" in part:
-            out += _MEDIA
-        elif "text" in part:
-            out.append((_text(part["text"]), CONTENT))
-    return out
-
-
 def _calls(m: Message) -> list[Piece]:
     out: list[Piece] = [("<|tool_calls_section_begin|>", SPECIAL)]
     for call in m["tool_calls"]:
         args = call["function"].get("arguments")
-        out += [("<|tool_call_begin|>", SPECIAL), (_text(call.get("id")), CONTENT),
+        out += [("<|tool_call_begin|>", SPECIAL), (_j(call.get("id")), CONTENT),
                 ("<|tool_call_argument_begin|>", SPECIAL), (args if isinstance(args, str) else tojson(args), CONTENT),
                 ("<|tool_call_end|>", SPECIAL)]
     return out + [("<|tool_calls_section_end|>", SPECIAL)]
@@ -80,12 +56,12 @@ class KimiK2Instruct0905(KimiK2Instruct):
             if i == 0 and m["role"] != "system":
                 out += [("<|im_system|>", SPECIAL), ("system", TEXT), ("<|im_middle|>", SPECIAL),
                         (KIMI_DEFAULT_SYSTEM, TEXT), ("<|im_end|>", SPECIAL)]
-            out += [(_opener(m["role"]), SPECIAL), (_text(m.get("name") or m["role"]), TEXT), ("<|im_middle|>", SPECIAL)]
+            out += [(_opener(m["role"]), SPECIAL), (_j(m.get("name") or m["role"]), TEXT), ("<|im_middle|>", SPECIAL)]
             if m["role"] == "assistant" and m.get("tool_calls"):
-                out += _content(m) + _calls(m)
+                out += _content_k2(m) + _calls(m)
             elif m["role"] == "tool":
-                out += [(f"## Return of {_text(m.get('tool_call_id'))}\n    ", TEXT), *_content(m)]
+                out += [(f"## Return of {_j(m.get('tool_call_id'))}\n    ", TEXT), *_content_k2(m)]
             elif m.get("content") is not None:
-                out += _content(m)
+                out += _content_k2(m)
             out.append(("<|im_end|>", SPECIAL))
         return out + [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL)]
