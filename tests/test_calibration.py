@@ -307,3 +307,25 @@ def test_the_providers_command_prints_and_writes_a_table(records, tmp_path, caps
     assert {(e.provider, e.period) for e in entries} == {("BaseTen", "all"), ("Moonshot AI", "2025-09"),
                                                          ("Moonshot AI", "2026-03")}
     assert main(["providers", str(log), "--recorded"]) == 2
+
+
+def test_the_providers_command_names_every_line_it_leaves_out(tmp_path, capsys):
+    from kimi_eagle.apps.cli import main
+
+    log = tmp_path / "bad.jsonl"
+    log.write_text('{"id": "a"}\nnot json\n[1, 2]\n')
+    assert main(["providers", str(log)]) == 0
+    captured = capsys.readouterr()
+    assert [line.split(":")[0] for line in captured.err.splitlines()] == ["left out"] * 3
+    assert "line 2: not JSON" in captured.err and "line 3: not an API record" in captured.err
+    assert "prompts equal to billed: without tools 0/0" in captured.out and "3 record(s) left out" in captured.out
+
+
+def test_the_docs_table_is_the_calibration_of_the_recorded_corpus(rows):
+    """docs/providers.md shows ``kimi-eagle providers --recorded``'s table and totals, recomputed here."""
+    from kimi_eagle.assets import REPO_ROOT
+    from kimi_eagle.reconstruct.provider_report import table_text
+
+    docs = (REPO_ROOT / "docs" / "providers.md").read_text().splitlines()
+    printed = [line for line in table_text(rows).splitlines() if line.startswith(("| ", "prompts", "completions", "held"))]
+    assert len(printed) > 20 and all(line in docs for line in printed), [line for line in printed if line not in docs]

@@ -403,9 +403,12 @@ def calibrate(records: Iterable[dict], tok: Tokenizer, counts: VariantCounts | N
     return rows
 
 
+TOTAL_NAMES = ("prompt_no_tools", "prompt_tools", "completion", "held_out_prompt", "held_out_completion")
+
+
 def totals(rows: Iterable[dict]) -> dict[str, tuple[int, int]]:
     """Corpus totals (equal, compared): prompts without and with tools, completions; in sample and held out."""
-    out: dict[str, list[int]] = {}
+    out: dict[str, list[int]] = {name: [0, 0] for name in TOTAL_NAMES}  # every total, zero without rows
     for row in rows:
         for name, side in (("prompt_no_tools", row["tools"][False]["prompt"]),
                            ("prompt_tools", row["tools"][True]["prompt"]),

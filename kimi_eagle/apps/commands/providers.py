@@ -26,28 +26,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
 
 
-def _log_records(path: str) -> tuple[list[dict], int]:
-    """The usable records of a JSONL log, and how many lines were left out (not a record, no known format)."""
-    from kimi_eagle.io import read_jsonl
+def _log_record(line) -> tuple[dict | None, str | None]:
+    """One JSONL line as a calibratable record (its chat format set), or why it is left out."""
     from kimi_eagle.reconstruct.log_shapes import LogShapeError, as_api_record
     from kimi_eagle.reconstruct.recorded import chat_format
     from kimi_eagle.records import RecordError
 
-    records, skipped = [], 0
+    if line.error is not None:
+        return None, line.error
+    try:
+        record = as_api_record(line.obj)
+    except (LogShapeError, RecordError, ValueError) as e:
+        return None, str(e)
+    if not isinstance(record, dict) or not isinstance(record.get("request"), dict):
+        return None, "not an API record with a request"
+    fmt = record.get("format") or chat_format((record.get("response") or {}).get("model"))
+    if fmt is None:
+        return None, "no known chat format (no format field, response.model not a Kimi model)"
+    return {**record, "format": fmt, "id": str(record.get("id", line.lineno))}, None
+
+
+def _log_records(path: str) -> tuple[list[dict], list[str]]:
+    """The usable records of a JSONL log, and one ``line N: reason`` for every line left out."""
+    from kimi_eagle.io import read_jsonl
+
+    records, left_out = [], []
     for line in read_jsonl(path):
-        try:
-            record = as_api_record(line.obj) if line.error is None else None
-        except (LogShapeError, RecordError, ValueError):
-            record = None
-        if not isinstance(record, dict) or not isinstance(record.get("request"), dict):
-            skipped += 1
-            continue
-        fmt = record.get("format") or chat_format((record.get("response") or {}).get("model"))
-        if fmt is None:
-            skipped += 1
-            continue
-        records.append({**record, "format": fmt, "id": str(record.get("id", line.lineno))})
-    return records, skipped
+        record, reason = _log_record(line)
+        if record is None:
+            left_out.append(reason if reason.startswith("line ") else f"line {line.lineno}: {reason}"[:200])
+        else:
+            records.append(record)
+    return records, left_out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +77,12 @@ def run(args: argparse.Namespace) -> int:
         skipped = sum("error" in r for r in records)
     else:
         source = args.log
-        records, skipped = _log_records(args.log)
+        records, left_out = _log_records(args.log)
+        skipped = len(left_out)
+        for reason in left_out[:20]:
+            print(f"left out: {reason}", file=sys.stderr)
+        if len(left_out) > 20:
+            print(f"left out: ... and {len(left_out) - 20} more line(s)", file=sys.stderr)
     tok = load_tokenizer(args.tokenizer or kimi_dir())
     rows = calibrate(records, tok)
     print(table_text(rows, skipped))
