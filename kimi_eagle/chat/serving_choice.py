@@ -1,7 +1,8 @@
 """``--serving auto``: pick each provider's serving profile from the evidence the provider itself gives.
 
-For every (provider, dataset) group, the prompts of up to ``per_group`` records are rendered under each
-candidate profile (its preprocessing and tool declaration) and counted; the profile whose count equals
+For every (provider, dataset) group, the prompts of its records with a billed prompt count (every one up to
+``per_group``, 512 by default; beyond that a uniform sample of ``per_group``, stated in each choice's line:
+:func:`sample_groups`) are rendered under each candidate profile (its preprocessing and tool declaration) and counted; the profile whose count equals
 the billed ``usage.prompt_tokens`` on the most records wins (TypeScript and JSON tool declarations differ
 by many tokens, re-serialised history arguments by a few). Ties (profiles that render a group's prompts
 alike) go first to the completion counts against ``usage.completion_tokens`` (on the records whose
@@ -22,6 +23,8 @@ completion counts tell nothing either).
 """
 from __future__ import annotations
 
+import hashlib
+import heapq
 from typing import Any, Callable, Iterable
 
 from kimi_eagle.chat.encoder import PieceEncoder
@@ -205,35 +208,68 @@ def prompt_only_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], di
     return count
 
 
+def _sample_key(record: dict, position: int) -> str:
+    """The record's rank in the uniform sample: sha256 of its id (of its position without one)."""
+    rid = record.get("id")
+    text = rid if isinstance(rid, str) else f"#{position}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sample_groups(records: Iterable[Any], per_group: int) -> dict[tuple, tuple[int, list[dict]]]:
+    """``{(provider, dataset): (records seen, sample)}``: per group a uniform sample of at most ``per_group``
+    records with a billed prompt count, the ``per_group`` smallest sha256 ranks of their ids (bottom-k: every record
+    equally likely, the same sample on every run, memory bounded by ``per_group`` per group), in input order."""
+    kept: dict[tuple, list] = {}
+    seen: dict[tuple, int] = {}
+    for position, record in enumerate(records):
+        if not isinstance(record, dict):
+            continue
+        group = _group(record)
+        heap = kept.setdefault(group, [])
+        if billed_count(record, "prompt_tokens") is None:
+            continue
+        seen[group] = seen.get(group, 0) + 1
+        item = (_negated(_sample_key(record, position)), position, record)
+        if len(heap) < per_group:
+            heapq.heappush(heap, item)
+        elif item[:2] > heap[0][:2]:
+            heapq.heapreplace(heap, item)
+    return {g: (seen.get(g, 0), [r for _, _, r in sorted(heap, key=lambda x: x[1])]) for g, heap in kept.items()}
+
+
+def _negated(hex_key: str) -> str:
+    """A key whose order is the reverse of ``hex_key``'s (heapq is a min-heap; bottom-k keeps the largest out)."""
+    return hex_key.translate(_REVERSE_HEX)
+
+
+_REVERSE_HEX = str.maketrans("0123456789abcdef", "fedcba9876543210")
+
+
 def choose_profiles(records: Iterable[Any], tok: Tokenizer, format_name: str = "kimi-k2.5",
-                    per_group: int = 64, counter: Callable[[dict], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                    per_group: int = 512, counter: Callable[[dict], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One entry per (provider, dataset): ``provider``, ``dataset``, ``profile``, ``compared`` (records with a
     billed prompt count that rendered), ``prompt_matched`` and ``completion_matched`` (per candidate; the
     completion only on the ``completion_compared`` records whose counts differ between candidates),
-    ``sglang_ids``, ``answers_with_tool_calls``, ``tool_relevant``, ``prompts_differ``.
+    ``sglang_ids``, ``answers_with_tool_calls``, ``tool_relevant``, ``prompts_differ``, ``billed_records`` and
+    ``sampled`` (the group's records with a billed prompt count, and how many of them are the evidence: every one,
+    or a uniform sample of ``per_group``, :func:`sample_groups`).
 
     ``counter``: ``record -> {name: (prompt count, completion count, dropped_by_server) | None}`` (default: prompts only,
     :func:`prompt_only_counter`; kimi_eagle.reconstruct.auto_serving counts completions too). A format the
     profiles do not change (not a ``kimi-*`` format) gives every group ``template`` without counting."""
     applies = format_name.startswith("kimi-")
     counter = counter or (prompt_only_counter(tok, format_name) if applies else None)
-    groups: dict[tuple, dict[str, Any]] = {}
-    for record in records:
-        if not isinstance(record, dict):
-            continue
-        g = groups.setdefault(_group(record), _new_group())
-        billed = billed_count(record, "prompt_tokens")
-        if not applies or billed is None or g["compared"] >= per_group:
-            continue
-        counts = counter(record)
-        if all(c is None for c in counts.values()):
-            continue
-        _add_evidence(g, record, counts, billed)
     out = []
-    for (provider, dataset), g in groups.items():
+    for (provider, dataset), (seen, sample) in sample_groups(records, per_group).items():
+        g = _new_group()
+        for record in sample if applies else []:
+            counts = counter(record)
+            if not all(c is None for c in counts.values()):
+                _add_evidence(g, record, counts, billed_count(record, "prompt_tokens"))
         votes = g.pop("sglang_votes")
         choice = {"provider": provider, "dataset": dataset, "profile": _pick({**g, "sglang_votes": votes}),
-                  **g, "sglang_ids": sum(votes), "answers_with_tool_calls": len(votes)}
+                  **g, "sglang_ids": sum(votes), "answers_with_tool_calls": len(votes),
+                  "billed_records": seen, "sampled": len(sample)}
         out.append({**choice, "no_evidence": no_evidence(choice, applies)})
     return out
 
@@ -263,4 +299,6 @@ def describe(choice: dict[str, Any]) -> str:
         line += f", completion counts matched {choice['completion_matched'][name]}/{choice['completion_compared']}"
     if choice.get("answer_compared"):
         line += f", answers consistent {choice['answer_matched'][name]}/{choice['answer_compared']}"
+    if choice.get("sampled", 0) < choice.get("billed_records", 0):
+        line += f" (evidence: a uniform sample of {choice['sampled']:,} of {choice['billed_records']:,} billed records)"
     return line

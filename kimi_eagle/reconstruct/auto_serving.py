@@ -42,20 +42,35 @@ def reconstruct_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], di
     return count
 
 
-def _records(path: str | os.PathLike) -> Any:
+def _records(path: str | os.PathLike, table: str | os.PathLike | None = None, format_name: str = "") -> Any:
+    """The file's good records (bad lines skipped: the job names them), without those the provider ``table``
+    renders (an explained entry whose template applies to ``format_name``: :func:`table_use`)."""
     with open(path, "rb") as f:
         for line in f:
             try:
                 parsed, value = fast_loads(line)  # orjson where it provably agrees with json.loads
-                yield as_api_record(value if parsed else json.loads(line))
+                record = as_api_record(value if parsed else json.loads(line))
             except (ValueError, RecursionError):
                 continue  # the job names every bad line; the choice only reads good ones
+            if table is None or not _table_renders(record, table, format_name):
+                yield record
+
+
+def _table_renders(record: Any, table: str | os.PathLike, format_name: str) -> bool:
+    from kimi_eagle.chat.server_variants import template_format
+    from kimi_eagle.reconstruct.provider_table import record_entry
+
+    entry = record_entry(record, table)
+    return entry is not None and entry.status == "explained" and \
+        template_format(entry.variant.template, format_name) is not None
 
 
 def choose_for_file(path: str | os.PathLike, tok: Tokenizer, format_name: str = "kimi-k2.5",
-                    per_group: int = 64) -> list[dict[str, Any]]:
-    """The choice per (provider, dataset) of the JSONL file ``path`` (:func:`choose_profiles`' entries)."""
-    return choose_profiles(_records(path), tok, format_name, per_group, reconstruct_counter(tok, format_name))
+                    per_group: int = 512, table: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """The choice per (provider, dataset) of the JSONL file ``path`` (:func:`choose_profiles`' entries), on the
+    records the provider ``table`` does not render (None: every record)."""
+    return choose_profiles(_records(path, table, format_name), tok, format_name, per_group,
+                           reconstruct_counter(tok, format_name))
 
 
 def auto_options(choices: list[dict[str, Any]], overrides: dict[str, Any] | None = None,
@@ -115,3 +130,104 @@ def serving_evidence(reconstructed: str | os.PathLike | None) -> list[str]:
         return [describe(g) for g in groups if isinstance(g, dict)]
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return []
+
+
+def table_use(path: str | os.PathLike, table: str | os.PathLike, format_name: str) -> list[dict[str, Any]]:
+    """Which provider table entries the records of the JSONL file ``path`` fall under: one dict per entry met
+    (``provider``, ``model``, ``period``, ``status``, ``variant``, ``records``, ``applied``: whether
+    ``reconstruct`` renders those records with it: explained, and its template applies to ``format_name``;
+    ``figures`` and ``residuals`` as calibrated), then one per provider without an entry (``status`` ``none``)."""
+    from kimi_eagle.chat.server_variants import template_format
+    from kimi_eagle.reconstruct.provider_table import record_entry
+
+    met: dict[Any, dict[str, Any]] = {}
+    for record in _records(path):
+        response = record.get("response") if isinstance(record, dict) else None
+        provider = response.get("provider") if isinstance(response, dict) else None
+        if not isinstance(provider, str):
+            continue
+        entry = record_entry(record, table)
+        key = (entry.provider, entry.model, entry.period) if entry is not None else provider
+        if key not in met:
+            met[key] = _entry_use(entry, provider, format_name, template_format)
+        met[key]["records"] += 1
+    return sorted(met.values(), key=lambda u: (u["status"] != "unexplained", u["provider"], u["model"], u["period"]))
+
+
+def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any) -> dict[str, Any]:
+    if entry is None:
+        return {"provider": provider, "model": "", "period": "", "status": "none", "variant": None, "records": 0,
+                "applied": False, "figures": {}, "residuals": {}}
+    applies = entry.status == "explained" and template_format(entry.variant.template, format_name) is not None
+    return {"provider": entry.provider, "model": entry.model, "period": entry.period, "status": entry.status,
+            "variant": entry.variant.describe(), "records": 0, "applied": applies,
+            "figures": {k: list(v) for k, v in entry.figures.items()}, "residuals": dict(entry.residuals)}
+
+
+def describe_use(use: dict[str, Any]) -> str:
+    """One line per table entry met: what ``--serving auto`` did with those records, and why."""
+    n = f"{use['records']:,} record(s)"
+    if use["status"] == "none":
+        return f"provider {use['provider']}: not in the provider table ({n}): its group's own evidence decides"
+    where = f"provider {use['provider']} ({use['model']}, {use['period']})"
+    f = use["figures"]
+    figures = (f"calibrated prompt {f['prompt'][0]}/{f['prompt'][1]}, completion {f['completion'][0]}/"
+               f"{f['completion'][1]}, held out {f['held_out_prompt'][0]}/{f['held_out_prompt'][1]} and "
+               f"{f['held_out_completion'][0]}/{f['held_out_completion'][1]}")
+    if use["status"] == "unexplained":
+        residual = "; ".join(f"{k} {v}" for k, v in use["residuals"].items() if v != "-")
+        return (f"{where}: UNEXPLAINED in the provider table ({figures}; residual {residual}) ({n}): "
+                "its group's own evidence decides")
+    if not use["applied"]:
+        return f"{where}: provider table variant {use['variant']} does not apply to this format ({n}): its group decides"
+    return f"{where}: provider table variant {use['variant']} ({figures}) ({n})"
+
+
+def provider_rows(reconstructed: str | os.PathLike | None) -> list[dict[str, Any]]:
+    """The per-provider table of a ``--serving auto`` reconstruction, read from ``RECONSTRUCTED.serving.json``: one
+    row per provider table entry met and per group chosen from its own evidence, unexplained entries first.
+    Columns: ``provider``, ``scope`` (model and period, or dataset), ``chosen`` (the variant or profile, and how),
+    ``prompt`` and ``completion`` (equal/compared), ``residual``, ``records``, ``unexplained``. ``[]`` without one."""
+    try:
+        with open(f"{reconstructed}.serving.json", encoding="utf-8") as f:
+            data = json.load(f)
+        uses, groups = data.get("table") or [], data.get("groups") or []
+        return [_use_row(u) for u in uses if u.get("status") != "none"] + [_group_row(g) for g in groups]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError, IndexError):
+        return []
+
+
+def _pair(pair: Any) -> str:
+    return f"{pair[0]}/{pair[1]}" if pair else "-"
+
+
+def _use_row(u: dict[str, Any]) -> dict[str, Any]:
+    unexplained = u["status"] == "unexplained"
+    if unexplained:
+        chosen = f"UNEXPLAINED (best: {u['variant']}): its group's own evidence decides"
+    else:
+        chosen = f"{u['variant']} (provider table{'' if u['applied'] else ': not for this format, its group decides'})"
+    residual = "; ".join(f"{k} {v}" for k, v in u["residuals"].items() if v != "-" and "+0 (range +0..+0)" not in v)
+    return {"provider": u["provider"], "scope": f"{u['model']} ({u['period']})", "chosen": chosen,
+            "prompt": _pair(u["figures"].get("prompt")), "completion": _pair(u["figures"].get("completion")),
+            "residual": residual or "-", "records": u["records"], "unexplained": unexplained}
+
+
+def _group_row(g: dict[str, Any]) -> dict[str, Any]:
+    name = g["profile"]
+    chosen = f"{name} (group evidence)" if not g.get("no_evidence") else f"template ({g['no_evidence']})"
+    return {"provider": g["provider"] or "(none)", "scope": f"dataset {g['dataset']}" if g["dataset"] else "-",
+            "chosen": chosen, "prompt": f"{g['prompt_matched'].get(name, 0)}/{g['compared']}",
+            "completion": f"{g['completion_matched'].get(name, 0)}/{g['completion_compared']}",
+            "residual": "-", "records": g.get("billed_records", g["compared"]), "unexplained": False}
+
+
+def unexplained_finding(rows: list[dict[str, Any]]) -> str | None:
+    """The first finding of a page when the provider table explains some provider's billed counts by no variant."""
+    bad = [r for r in rows if r["unexplained"]]
+    if not bad:
+        return None
+    names = "; ".join(f"{r['provider']} {r['scope']}, {r['records']:,} record(s), residual {r['residual']}" for r in bad)
+    return (f"{len(bad)} provider table entr{'y' if len(bad) == 1 else 'ies'} explain the billed counts by no known "
+            f"server variant (billed - reconstructed): {names}. Their rows are reconstructed from their group's own "
+            "evidence; their counts are not proof of their IDs.")

@@ -18,7 +18,6 @@ import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timezone
 from itertools import product
 from typing import Any, Iterable, Sequence
 
@@ -38,6 +37,7 @@ from kimi_eagle.chat.server_variants import (
     variant_prompt_pieces,
 )
 from kimi_eagle.chat.serving import deep_sort, get_profile, served_prompt_pieces
+from kimi_eagle.reconstruct.periods import in_period, period_of  # noqa: F401 (re-exported)
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -314,29 +314,6 @@ class Side:
 
 # --------------------------------------------------------------------------------------------
 # Groups, periods, in-sample and held-out figures
-
-MONTH_FMT = "%Y-%m"
-
-
-def period_of(record: dict) -> str:
-    """The month (``YYYY-MM``, UTC) of the answer's ``created`` time, ``undated`` without one (months, not days:
-    a day split fits noise, e.g. two records of one day)."""
-    created = (record.get("response") or {}).get("created")
-    if isinstance(created, bool) or not isinstance(created, (int, float)) or created <= 0:
-        return "undated"
-    return datetime.fromtimestamp(created, tz=timezone.utc).strftime(MONTH_FMT)
-
-
-def in_period(when: str, period: str) -> bool:
-    """Whether a day or month (``YYYY-MM-DD``, ``YYYY-MM``) falls in a table period (``all``, a day or month, or
-    ``FIRST..LAST``), compared at the shorter of the two precisions."""
-    if period == "all":
-        return True
-    first, _, last = period.partition("..")
-    last = last or first
-    n = min(len(when), len(first), len(last))
-    return first[:n] <= when[:n] <= last[:n]
-
 
 def _equal(counts: VariantCounts, records: list[dict], v: Variant) -> int:
     return sum(d == 0 for kind in ("prompt", "completion") for d in _deltas(counts, records, v, kind))

@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 from kimi_eagle.chat.server_variants import Variant, variant_from
 from kimi_eagle.chat.serving import PROFILES
-from kimi_eagle.reconstruct.calibration import in_period
+from kimi_eagle.reconstruct.periods import in_period, period_of
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "providers.toml"
 STATUSES = ("explained", "unexplained")
@@ -137,20 +137,44 @@ def _same_model(a: str, b: str) -> bool:
     return a == b or a.rpartition("/")[2] == b.rpartition("/")[2]
 
 
-def calibrated_profile(provider: str, model: str, month: str | None = None,
-                       path: str | os.PathLike | None = None) -> tuple[str, dict[str, Any]] | None:
-    """``(serving profile name, conventions)`` the table gives ``provider`` serving ``model`` (a ``vendor/``
-    prefix may differ), in the period holding ``month`` (``YYYY-MM``) or else the latest period; None when the
-    table has no entry, or the entry is ``unexplained`` (never a silent pick)."""
+def table_entry(provider: str, model: str, month: str | None = None,
+                path: str | os.PathLike | None = None) -> Entry | None:
+    """The entry of ``provider`` serving ``model`` (a ``vendor/`` prefix may differ) in the period holding ``month``
+    (``YYYY-MM``), or else its latest period; None when the table has none (explained or not)."""
     entries = [e for e in _shipped(str(path or TABLE_PATH)) if e.provider == provider and _same_model(e.model, model)]
     if month is not None:
         entries = [e for e in entries if in_period(month, e.period)] or entries
     if not entries:
         return None
-    entry = max(entries, key=lambda e: e.period.rpartition("..")[2] if e.period != "all" else "")
-    if entry.status != "explained":
+    return max(entries, key=lambda e: e.period.rpartition("..")[2] if e.period != "all" else "")
+
+
+def calibrated_profile(provider: str, model: str, month: str | None = None,
+                       path: str | os.PathLike | None = None) -> tuple[str, dict[str, Any]] | None:
+    """``(serving profile name, conventions)`` the table gives ``provider`` serving ``model`` (:func:`table_entry`);
+    None when the table has no entry, or the entry is ``unexplained`` (never a silent pick).
+
+    >>> calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905")
+    ('template', {'template': 'k2-0905', 'schema': 'vllm', 'prompt_offset': 1})
+    >>> calibrated_profile("DeepInfra", "moonshotai/kimi-k2-0905") is None  # unexplained: nothing is picked
+    True
+    """
+    entry = table_entry(provider, model, month, path)
+    if entry is None or entry.status != "explained":
         return None
     return entry.variant.profile, entry.variant.conventions()
+
+
+def record_entry(record: Any, path: str | os.PathLike | None = None) -> Entry | None:
+    """The table entry of an API record: its ``response.provider`` and ``response.model``, in the month of its
+    ``response.created`` (None without a provider or model, or without an entry)."""
+    response = record.get("response") if isinstance(record, dict) else None
+    provider = response.get("provider") if isinstance(response, dict) else None
+    model = response.get("model") if isinstance(response, dict) else None
+    if not isinstance(provider, str) or not isinstance(model, str):
+        return None
+    month = period_of(record)
+    return table_entry(provider, model, None if month == "undated" else month, path)
 
 
 # --------------------------------------------------------------------------------------------

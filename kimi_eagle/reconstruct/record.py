@@ -28,11 +28,13 @@ from kimi_eagle.chat.completion import (
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
+from kimi_eagle.chat.server_variants import Variant, template_format, variant_prompt_pieces
 from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, preprocess_request, served_prompt_pieces
 from kimi_eagle.chat.unserve import unserve_turn
 from kimi_eagle.io import fast_loads, loads_exact, parse_line
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
+from kimi_eagle.reconstruct.provider_table import record_entry
 from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
 from kimi_eagle.reconstruct.usage import usage_details
 from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
@@ -59,6 +61,9 @@ class ReconstructOptions(CompletionOptions):
     # ``--serving auto``: JSON ``[[provider, dataset, profile fields], ...]`` (text, so that a resumed job's
     # manifest compares equal after its JSON round trip)
     serving_by_group: str | None = None
+    # ``--serving auto``: the provider table (kimi_eagle/reconstruct/provider_table.py, a path) whose explained entry
+    # for a record's provider, model and month decides its profile and conventions before any group choice
+    provider_table: str | None = None
 
     def for_record(self, provider: Any, dataset: Any) -> "ReconstructOptions":
         """The options of a record of ``provider`` in ``dataset``: its group's profile when one was chosen."""
@@ -108,6 +113,7 @@ class ReconstructedRow:
     billed_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     cost: float | None = None  # usage.cost
     serving: str | None = None  # the serving profile the row was reconstructed with (kimi_eagle.chat.serving)
+    serving_variant: str | None = None  # the provider table's variant the prompt was rendered with (None: none)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a dict (shallow: the ID lists are shared, not copied)."""
@@ -255,35 +261,63 @@ def _checked_id(record: Any) -> str:
     return check_id(rid, "record id")
 
 
-def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceEncoder,
-                   serving: ServingProfile | None = None) -> tuple[list[int], bool]:
-    """The prompt's IDs and whether marker text was encoded as ordinary tokens; RecordError if it cannot be
-    rendered or holds text that is not valid Unicode. ``serving``: marker spellings in the text become special
-    tokens where that profile's server tokenizes the rendered string whole (``marker_text = "special"``)."""
+def _prompt_pieces(request: dict, messages: list[dict], fmt: Format, tok: Tokenizer, serving: ServingProfile | None,
+                   variant: Variant | None) -> list:
+    """The prompt pieces: the format's, or the provider table's ``variant`` under ``serving``."""
     try:
-        prompt_pieces = fmt.prompt_pieces(messages, request.get("tools"))
+        if variant is not None:
+            return variant_prompt_pieces(messages, request.get("tools"), fmt.name, variant, serving, tok) or []
+        return fmt.prompt_pieces(messages, request.get("tools"))
     except RecordError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise RecordError(f"cannot render the prompt: {type(e).__name__}: {e}") from None
+
+
+def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceEncoder,
+                   serving: ServingProfile | None = None, variant: Variant | None = None) -> tuple[list[int], bool]:
+    """The prompt's IDs and whether marker text was encoded as ordinary tokens; RecordError if it cannot be
+    rendered or holds text that is not valid Unicode. ``serving``: marker spellings in the text become special
+    tokens where that profile's server tokenizes the rendered string whole (``marker_text = "special"``);
+    ``variant``: the provider table's rendering (its count offsets are not tokens)."""
+    prompt_pieces = _prompt_pieces(request, messages, fmt, enc.tok, serving, variant)
     check_encodable((t for t, _ in prompt_pieces), request, "request", "the prompt")
     if serving is not None and serving.marker_text != "text":
         prompt_pieces = served_prompt_pieces(prompt_pieces, serving, enc.tok.special_id_by_text)
     return enc.encode_marked(prompt_pieces)
 
 
-def _served(request: dict, messages: list[dict], tools: list | None, options: CompletionOptions, fmt: Format,
-            group: tuple[Any, Any]) -> tuple[dict, list[dict], CompletionOptions, Format]:
-    """The request as the serving profile hands it to the template (unchanged for ``template``), and the
-    options and format of the record's group (``--serving auto``: its profile and tool declaration)."""
+def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
+    """The provider table's explained entry for ``record`` when the options name a table and its template applies
+    to ``fmt`` (None otherwise: the group's choice decides)."""
+    path = getattr(options, "provider_table", None)
+    entry = record_entry(record, path) if path else None
+    if entry is None or entry.status != "explained" or template_format(entry.variant.template, fmt.name) is None:
+        return None
+    return entry
+
+
+def _served(record: dict, messages: list[dict], tools: list | None, options: CompletionOptions, fmt: Format,
+            group: tuple[Any, Any]) -> tuple[dict, list[dict], CompletionOptions, Format, Variant | None]:
+    """The request as the serving profile hands it to the template (unchanged for ``template``), the options and
+    format of the record's group (``--serving auto``: its profile and tool declaration), and the provider table's
+    variant when it has an explained entry for the record (its profile then replaces the group's)."""
+    request = record["request"]
+    entry = _table_entry(record, options, fmt)
+    if entry is not None:
+        profile = get_profile(entry.variant.profile)
+        table_options = replace(serving_options(profile, options.tool_id_policy == "keep"),
+                                provider_table=options.provider_table)
+        return request, messages, table_options, _declaring(fmt, profile.tool_declaration), entry.variant
     if getattr(options, "serving_by_group", None):
         options = options.for_record(*group)
         fmt = _declaring(fmt, options.serving.tool_declaration)
     serving = getattr(options, "serving", None)
     if serving is None or serving == PROFILES["template"]:
-        return request, messages, options, fmt
+        return request, messages, options, fmt, None
     messages, served_tools = preprocess_request(messages, tools, serving)
-    return ({**request, "tools": served_tools} if served_tools is not None else request), messages, options, fmt
+    request = {**request, "tools": served_tools} if served_tools is not None else request
+    return request, messages, options, fmt, None
 
 
 def _unserved(record: dict, options: CompletionOptions, turn: Turn, fmt: Format) -> tuple[CompletionOptions, Turn, list[str]]:
@@ -335,14 +369,13 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     if tools is not None and not isinstance(tools, list):
         raise RecordError("request.tools is not a list")
     turn = parse_turn(response)
-    request, messages, options, fmt = _served(request, messages, tools, options, fmt, (provider, dataset))
+    request, messages, options, fmt, variant = _served(record, messages, tools, options, fmt, (provider, dataset))
     options, turn, unserved = _unserved(record, options, turn, fmt)
     enc = encoder if encoder is not None else PieceEncoder(tok)
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
-    flags: list[str] = reasoning_details_flags(response["choices"][0]["message"])  # kimi_eagle.reconstruct.reasoning
-    flags += answer_flags(response, turn) + unserved
-    prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None))
+    flags = reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
+    prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None), variant)
     if prompt_marker:
         flags.append("prompt_literal_marker")
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
@@ -373,7 +406,8 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         billed_completion_tokens=_opt_int(usage.get("completion_tokens")), **usage_details(response),
         billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")), ids_source=ids_source,
         provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
-        serving=getattr(options, "serving", PROFILES["template"]).name)
+        serving=getattr(options, "serving", PROFILES["template"]).name,
+        serving_variant=variant.describe() if variant is not None else None)
 
 
 def error_row(rid: str, error: str, fmt_name: str, record: Any = None) -> ReconstructedRow:

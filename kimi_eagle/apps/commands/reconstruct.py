@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     "counts match the billed usage.prompt_tokens, then completion_tokens; template where a group has no "
                     "such evidence; evidence in OUTPUT.serving.json, written with --serving auto or when a group "
                     "gets another profile than template); the options below override one field each (default auto)")
+    p.add_argument("--provider-table", default=None, metavar="PATH|none",
+                   help="with --serving auto: the provider table (docs/providers.md) whose explained entry for a record's "
+                        "provider, model and month renders its prompt and picks its profile before any group choice "
+                        "(default: the shipped kimi_eagle/data/providers.toml; none: not used)")
     p.add_argument("--tool-declaration", choices=TOOL_DECLARATIONS, default=None,
                    help="K2.5 tools as compact JSON (the template default) or TypeScript (Moonshot's tools_ts_str); "
                         "default: the serving profile's")
@@ -50,30 +54,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 PARQUET_SUFFIXES = ("", ".parquet", ".pq")
 
 
+def _table(args: argparse.Namespace) -> str | None:
+    """The provider table ``--serving auto`` uses (its path, checked on load), or None for ``--provider-table none``."""
+    from kimi_eagle.reconstruct.provider_table import TABLE_PATH, load_table
+
+    if args.provider_table == "none":
+        return None
+    path = str(args.provider_table or TABLE_PATH)
+    load_table(path)  # a bad table is a one-line TableError (a ValueError) before any output
+    return path
+
+
 def auto_serving(args: argparse.Namespace, overrides: dict) -> tuple[Any, str, list[dict]]:
-    """``--serving auto``: choose each (provider, dataset)'s profile (kimi_eagle.reconstruct.auto_serving), write the
-    evidence to OUTPUT.serving.json and print one line per group; the options carry the choice per group."""
+    """``--serving auto``: the provider table's entries first (per record), then each (provider, dataset)'s profile
+    (kimi_eagle.reconstruct.auto_serving); the evidence goes to OUTPUT.serving.json, one line per entry and group
+    to the screen; the options carry both."""
+    from dataclasses import replace
+
     from kimi_eagle.chat.serving_choice import describe
-    from kimi_eagle.reconstruct.auto_serving import auto_options, choose_for_file
+    from kimi_eagle.reconstruct.auto_serving import auto_options, choose_for_file, describe_use, table_use
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
-    choices = choose_for_file(args.input, load_tokenizer(args.tokenizer or kimi_dir()), args.format)
-    for c in choices:
-        print(describe(c))
-    if args.serving == "auto" or any(c["profile"] != "template" for c in choices):  # a default run reconstructed as
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # template writes what it wrote before, no more
-        Path(str(args.output) + ".serving.json").write_text(json.dumps(
-            {"rule": "auto", "summary": [describe(c) for c in choices], "groups": choices}, indent=1))
+    table = _table(args)
+    uses = table_use(args.input, table, args.format) if table else []
+    choices = choose_for_file(args.input, load_tokenizer(args.tokenizer or kimi_dir()), args.format, table=table)
+    lines = [describe_use(u) for u in uses] + [describe(c) for c in choices]
+    print("\n".join(lines))
+    if args.serving == "auto" or any(c["profile"] != "template" for c in choices) or any(u["applied"] for u in uses):
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # a default run reconstructed as template
+        Path(str(args.output) + ".serving.json").write_text(json.dumps(  # writes what it wrote before, no more
+            {"rule": "auto", "provider_table": table, "summary": lines, "table": uses, "groups": choices}, indent=1))
     options, tool_declaration = auto_options(choices, overrides, args.keep_tool_ids)
-    return options, tool_declaration, choices
+    return replace(options, provider_table=table), tool_declaration, choices
 
 
 def rows_per_serving(path: str) -> dict[str, int]:
-    """``{profile: rows}`` of a written reconstruction (its ``serving`` column; error rows not counted)."""
+    """``{profile: rows}`` of a written reconstruction (its ``serving`` column; error rows not counted), and
+    ``provider table`` (rows rendered with a table variant, among them)."""
     import pyarrow.parquet as pq
 
-    values = pq.read_table(path, columns=["serving"]).column("serving").to_pylist()
-    return {name: values.count(name) for name in sorted({v for v in values if v is not None})}
+    table = pq.read_table(path, columns=["serving", "serving_variant"])
+    values = table.column("serving").to_pylist()
+    out = {name: values.count(name) for name in sorted({v for v in values if v is not None})}
+    by_table = sum(v is not None for v in table.column("serving_variant").to_pylist())
+    return {**out, "of which by the provider table": by_table} if by_table else out
 
 
 def run(args: argparse.Namespace) -> int:

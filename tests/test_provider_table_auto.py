@@ -1,0 +1,145 @@
+"""``reconstruct --serving auto`` reads the provider table (issue 34): a record whose provider, model and month have an
+explained entry is rendered with that entry's variant and profile; an unexplained entry is named, with its residual,
+and its records go to their group's own evidence; the evidence of a group is every billed record (or a stated
+uniform sample). The recorded exchanges are read in place from the assets; tests that need them skip without them."""
+import json
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from kimi_eagle.apps.cli import main
+from kimi_eagle.assets import AssetError
+from kimi_eagle.chat.formats import get_format
+from kimi_eagle.chat.server_variants import history_calls
+from kimi_eagle.chat.serving_choice import choose_profiles, describe, sample_groups
+from kimi_eagle.reconstruct.calibration import billed
+from kimi_eagle.reconstruct.provider_table import TABLE_PATH, load_table, record_entry
+from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record
+from kimi_eagle.reconstruct.recorded import exchange_record, load_exchanges, recorded_path
+
+
+@pytest.fixture(scope="module")
+def records():
+    try:
+        path = recorded_path()
+    except AssetError as e:
+        pytest.skip(f"the recorded exchanges are not in the assets (assets/data/real_api): {e}")
+    return [r for r in (exchange_record(ex) for ex in load_exchanges(path)) if "error" not in r]
+
+
+def _prompt_offset(record, variant):
+    """The count offsets of a variant: billed prompt = reconstructed prompt IDs + these (they are not tokens)."""
+    request = record["request"]
+    return (variant.prompt_offset + (variant.tool_turn_offset if request.get("tools") else 0)
+            + variant.history_call_offset * history_calls(request.get("messages")))
+
+
+def test_every_explained_entry_renders_its_records_prompts_at_the_billed_count(records, kimi):
+    """The reconstruction itself (not the calibration's fast counter) reproduces each explained entry's in-sample
+    prompt figure on the recorded corpus, and names the variant on every row."""
+    options = ReconstructOptions(provider_table=str(TABLE_PATH))
+    equal, compared, named = Counter(), Counter(), Counter()
+    for r in records:
+        entry = record_entry(r)
+        if entry is None or entry.status != "explained":
+            continue
+        row = reconstruct_record(r, kimi, get_format(r["format"], kimi), options)
+        key = (entry.provider, entry.model, entry.period)
+        compared[key] += 1
+        equal[key] += billed(r, "prompt_tokens") == row.n_prompt_tokens + _prompt_offset(r, entry.variant)
+        named[key] += row.serving_variant == entry.variant.describe() and row.serving == entry.variant.profile \
+            or row.serving == f"{entry.variant.profile}-stream"
+    entries = {(e.provider, e.model, e.period): e for e in load_table() if e.status == "explained"}
+    assert set(compared) == set(entries)
+    for key, entry in entries.items():
+        assert (equal[key], compared[key]) == entry.figures["prompt"], key
+        assert named[key] == compared[key], key
+
+
+def test_without_the_table_the_rows_carry_no_variant(records, kimi):
+    r = next(r for r in records if r["response"].get("provider") == "BaseTen")
+    row = reconstruct_record(r, kimi, get_format(r["format"], kimi), ReconstructOptions())
+    assert row.serving_variant is None and row.serving == "template"
+
+
+def test_an_entry_whose_template_does_not_apply_to_the_format_is_not_used(records, kimi):
+    """BaseTen's K2-0905 entry renders with the 0905 template; reconstructing as kimi-k2.5 cannot use it."""
+    r = next(r for r in records if r["response"].get("provider") == "BaseTen")
+    row = reconstruct_record(r, kimi, get_format("kimi-k2.5", kimi), ReconstructOptions(provider_table=str(TABLE_PATH)))
+    assert row.serving_variant is None
+
+
+@pytest.fixture(scope="module")
+def k2_log(records, tmp_path_factory):
+    path = tmp_path_factory.mktemp("k2") / "k2.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            if r["format"] == "kimi-k2-instruct":
+                f.write(json.dumps({k: v for k, v in r.items() if k != "format"}) + "\n")
+    return path
+
+
+def test_reconstruct_auto_uses_the_table_and_names_what_it_does_not_explain(k2_log, tmp_path, capsys):
+    out = tmp_path / "k2.parquet"
+    assert main(["reconstruct", str(k2_log), "-o", str(out), "--format", "kimi-k2-instruct", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    evidence = json.loads((tmp_path / "k2.parquet.serving.json").read_text())
+    assert evidence["provider_table"] == str(TABLE_PATH)
+    uses = evidence["table"]
+    first = uses[0]
+    assert first["status"] == "unexplained"  # what nothing explains comes first, by name, with its residual
+    assert f"provider {first['provider']} ({first['model']}, {first['period']}): UNEXPLAINED" in printed
+    assert "residual" in printed
+    deepinfra = next(u for u in uses if u["provider"] == "DeepInfra")
+    assert deepinfra["status"] == "unexplained" and not deepinfra["applied"] and deepinfra["records"] == 34
+    baseten = next(u for u in uses if u["provider"] == "BaseTen")
+    assert baseten["applied"] and baseten["records"] == 23
+    rows = pq.read_table(out).to_pylist()
+    variants = Counter(r["serving_variant"] for r in rows if r["provider"] == "BaseTen")
+    assert variants == {baseten["variant"]: 23}
+    assert all(r["serving_variant"] is None for r in rows if r["provider"] == "DeepInfra")
+    assert sum(u["records"] for u in uses) == len(rows)  # every record is under one line
+
+
+def test_provider_table_none_and_a_bad_table(k2_log, tmp_path, capsys):
+    out = tmp_path / "none.parquet"
+    assert main(["reconstruct", str(k2_log), "-o", str(out), "--format", "kimi-k2-instruct", "--no-progress",
+                 "--provider-table", "none"]) == 0
+    assert all(v is None for v in pq.read_table(out, columns=["serving_variant"]).column(0).to_pylist())
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TABLE_PATH.read_text(encoding="utf-8").replace('profile = "template"', 'profile = "nope"', 1))
+    code = main(["reconstruct", str(k2_log), "-o", str(tmp_path / "bad.parquet"), "--format", "kimi-k2-instruct",
+                 "--provider-table", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown profile 'nope'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _billed_record(i, provider="P"):
+    return {"id": f"r{i}", "request": {"messages": [{"role": "user", "content": f"hi {i}"}]},
+            "response": {"provider": provider, "usage": {"prompt_tokens": 10}, "choices": [
+                {"message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}]}}
+
+
+def test_every_billed_record_is_evidence_up_to_the_sample_size(kimi):
+    """No longer the first 64 of a group: 300 billed records are 300 compared (a record without a billed count is
+    not evidence)."""
+    records = [_billed_record(i) for i in range(300)] + [{"id": "x", "request": {}, "response": {"provider": "P"}}]
+    (choice,) = choose_profiles(records, kimi, "kimi-k2.5")
+    assert (choice["compared"], choice["billed_records"], choice["sampled"]) == (300, 300, 300)
+    assert "uniform sample" not in describe(choice)
+
+
+def test_a_large_group_is_a_stated_uniform_sample():
+    records = [_billed_record(i) for i in range(2000)] + [_billed_record(i, "Q") for i in range(5)]
+    groups = sample_groups(iter(records), 100)
+    seen, sample = groups[("P", None)]
+    assert (seen, len(sample)) == (2000, 100)
+    positions = [int(r["id"][1:]) for r in sample]
+    assert positions == sorted(positions)  # input order
+    assert sum(p >= 1000 for p in positions) in range(30, 71)  # both halves of the file, not its head
+    assert sample_groups(iter(reversed(records)), 100)[("P", None)][1] == sample[::-1]  # the same records, any order
+    assert groups[("Q", None)][0] == 5 and len(groups[("Q", None)][1]) == 5
+    choice = {"provider": "P", "dataset": None, "profile": "template", "prompt_matched": {"template": 90},
+              "compared": 100, "billed_records": 2000, "sampled": 100, "no_evidence": None}
+    assert describe(choice).endswith("(evidence: a uniform sample of 100 of 2,000 billed records)")
