@@ -6,13 +6,21 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: install demo test lint test-browser test-scale bench clean server-vectors
 
+# the install prints a line per stage and pip's line per package (no -q: a cold install takes minutes, never silently)
+PIP_INSTALL := $(PY) -m pip install --progress-bar off --disable-pip-version-check
 $(STAMP): pyproject.toml requirements-interop.txt
+	@echo "[install 1/5] virtual environment $(VENV)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,interop,scale]'
-	$(PY) -m pip install -q --no-deps -r requirements-interop.txt
+	@echo "[install 2/5] pip"
+	$(PIP_INSTALL) --upgrade pip
+	@echo "[install 3/5] kimi-eagle and its dependencies (a cold install fetches about 170 packages, a line each: a few minutes)"
+	$(PIP_INSTALL) -e '.[dev,interop,scale]'
+	@echo "[install 4/5] the GPU trainers' packages, without their dependencies (requirements-interop.txt)"
+	$(PIP_INSTALL) --no-deps -r requirements-interop.txt
+	@echo "[install 5/5] the notebook kernel \"Python 3 (kimi-eagle)\""
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kimi-eagle)"
 	touch $(STAMP)
+	@echo "[install] done"
 
 install: $(STAMP)
 

@@ -28,8 +28,16 @@ by ``load_drafter`` through :mod:`kimi_eagle.eagle3.speculators_checkpoint`), gr
 τ with 95 % two-way bootstrap intervals (seeds × prompts) and the paired difference kit − peer
 (:func:`~kimi_eagle.eagle3.ablation.bootstrap_tau`). Prints one JSON summary with the wall time; files under ``--out``.
 
+Block drafters (issue #36, ``--dflash``, on by default): a second table times one step of the kit's DFlash drafter
+(:mod:`kimi_eagle.eagle3.dflash`; 1 draft layer, its default, and 5, speculators' shape) against speculators'
+``dflash`` and ``dspark`` (the drafters ``speculators_dflash.sh``/``speculators_dspark.sh`` train:
+:func:`~kimi_eagle.apps.interop.peer.build_block_model`) on the same rows with DFlash's 5 target layers, each as a
+ratio to the kit's EAGLE-3 step measured in the same run (the baseline), contenders interleaved, best of 5.
+speculators' fastest CPU setting is ``sdpa`` with ``max_anchors`` = the step's valid anchors; ``eager`` and its
+default ``max_anchors`` (512, padded: 4,096 query tokens a step) are shown beside it.
+
     python bench/peer_trainer.py [--out runs/bench_peer] [--samples 32] [--max-tokens 48] [--steps 20] [--seeds 0,1]
-                                 [--eval-prompts 8] [--peer-attn sdpa|eager] [--no-pack] [--scaling]
+                                 [--eval-prompts 8] [--peer-attn sdpa|eager] [--no-pack] [--scaling] [--no-dflash]
 """
 from __future__ import annotations
 
@@ -38,11 +46,12 @@ import json
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from kimi_eagle.apps.interop.configs import RECIPE
+from kimi_eagle.apps.interop.configs import BLOCK_HIDDEN_DIR, RECIPE
 from kimi_eagle.apps.interop.export_data import export_data
 from kimi_eagle.apps.interop.peer import PeerConfig, train_peer
 from kimi_eagle.assets import stories_dir
@@ -84,6 +93,11 @@ def prepare(out: Path, target_dir: str, args, model) -> tuple[Path, Path, list]:
                     target=target_dir, n_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size)
         extract(target_dir, arrow_rows(spec_dir), spec_dir / "hidden_states", layout="speculators", dtype="bf16",
                 rows_source=spec_dir, model=model)
+    if args.dflash and not (out / "hidden-kit-dflash" / "manifest.json").exists():  # DFlash's layer set, both layouts
+        extract(target_dir, rows, out / "hidden-kit-dflash", dtype="bf16", skipped=skipped, model=model, drafter="dflash")
+    if args.dflash and not (spec_dir / BLOCK_HIDDEN_DIR / "manifest.json").exists():
+        extract(target_dir, arrow_rows(spec_dir), spec_dir / BLOCK_HIDDEN_DIR, layout="speculators", dtype="bf16",
+                rows_source=spec_dir, model=model, drafter="dflash")
     return kit_dir, spec_dir, held_out
 
 
@@ -99,6 +113,84 @@ def timed(step, repeats: int) -> float:
         if k:
             best = min(best, time.perf_counter() - t0)
     return best
+
+
+def kit_eagle3_loss(data: HiddenStates, target_dir: str, args):
+    """The kit's EAGLE-3 drafter and TTT loss for ``data`` (the runbook's TTT settings), and its draft vocabulary."""
+    from types import SimpleNamespace
+
+    from kimi_eagle.eagle3 import draft_vocab
+    from kimi_eagle.eagle3.model import Eagle3Drafter, target_tensor
+    from kimi_eagle.eagle3.train import TTTLoss
+
+    counts = draft_vocab.supervised_counts(((r["input_ids"], r["loss_mask"]) for r in data), data.manifest["vocab_size"])
+    vocab = draft_vocab.build(counts, args.draft_vocab_size)
+    lm_head = target_tensor(target_dir, "lm_head.weight")
+    tcfg = SimpleNamespace(**json.loads((Path(target_dir) / "config.json").read_text()))
+    drafter = Eagle3Drafter.from_target_weights(tcfg, target_tensor(target_dir, "embed_tokens.weight"), lm_head, vocab,
+                                                data.layer_ids)
+    return TTTLoss(drafter, lm_head[vocab.draft_to_target].float(), RECIPE.ttt_steps, RECIPE.ttt_step_loss_decay), vocab
+
+
+def best_of(steps: dict, repeats: int) -> dict[str, float]:
+    """Best seconds of each step (a call running forward and backward) over ``repeats`` interleaved rounds, after one
+    untimed warm-up round: a busy machine slows every contender alike."""
+    best = {name: float("inf") for name in steps}
+    for k in range(repeats + 1):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if k:
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def block_scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int = 5) -> list[dict]:
+    """One step's time of each block drafter on the same rows (1 and ``--batch-size`` rows), as a ratio to the kit's
+    EAGLE-3 step on those rows (``x_eagle3``), plus ``kit_dflash_5l_over_peer``: speculators' fastest ``dflash`` time
+    over the kit's at the same shape (above 1: the kit is faster)."""
+    from kimi_eagle.apps.interop.peer import (
+        BlockPeerConfig,
+        block_data,
+        block_step,
+        block_train_settings,
+        build_block_model,
+    )
+    from kimi_eagle.eagle3.dflash import BlockSpec, build_dflash
+    from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, mask_token_id
+    from kimi_eagle.eagle3.model import target_tensor
+    from kimi_eagle.eagle3.train import collate
+
+    data, ddata = HiddenStates(kit_dir), HiddenStates(kit_dir.parent / "hidden-kit-dflash")
+    eagle3, vocab = kit_eagle3_loss(data, target_dir, args)
+    tcfg = SimpleNamespace(**json.loads((Path(target_dir) / "config.json").read_text()))
+    embed, lm_head, mask = target_tensor(target_dir, "embed_tokens.weight"), target_tensor(target_dir, "lm_head.weight"), mask_token_id(target_dir)
+    kits = {f"kit_dflash_{n}l": build_dflash(tcfg, embed, lm_head, vocab, ddata.layer_ids, BlockSpec(BLOCK_SIZE, mask, n), 0.8, 0)[1]
+            for n in (1, 5)}
+    peers = {}
+    for kind, impl, anchors in (("dflash", "sdpa", None), ("dflash", "eager", None), ("dflash", "sdpa", 512), ("dspark", "sdpa", None)):
+        cfg = BlockPeerConfig(str(spec_dir), target_dir, kind, args.draft_vocab_size, attn_impl=impl, max_anchors=anchors)
+        model = build_block_model(cfg, ddata.layer_ids, mask)
+        peers[f"peer_{kind}_{impl}" + ("_512anchors" if anchors else "")] = (cfg, model, block_data(cfg, model), block_train_settings(cfg))
+    index = {r.id: k for k, r in enumerate(arrow_rows(spec_dir))}
+    out = []
+    for n in sorted({1, args.batch_size}):
+        rows = list(range(n))
+        kb, db = collate([data[i] for i in rows]), collate([ddata[i] for i in rows])
+        arrow = [index[ddata.row_ids[i]] for i in rows]
+        steps = {"kit_eagle3": lambda: eagle3(kb["aux"], kb["input_ids"], kb["loss_mask"], kb["final"])[0].backward()}
+        steps |= {name: (lambda f=f: f(db["aux"], db["input_ids"], db["loss_mask"], db["final"])[0].backward()) for name, f in kits.items()}
+        steps |= {name: (lambda p=p: block_step(p[1], p[2], arrow, p[0], p[3])) for name, p in peers.items()}
+        best = best_of(steps, repeats)
+        tokens = sum(ddata.lengths()[i] for i in rows)
+        cfg, model, pdata, settings = peers["peer_dflash_sdpa"]
+        row = {"rows": n, "tokens": tokens, "eagle3_ms": round(best["kit_eagle3"] * 1e3, 1),
+               "peer_anchors": block_step(model, pdata, arrow, cfg, settings)[2]}
+        row |= {f"{name}_ms": round(best[name] * 1e3, 1) for name in best if name != "kit_eagle3"}
+        row |= {f"{name}_x_eagle3": round(best[name] / best["kit_eagle3"], 2) for name in best if name != "kit_eagle3"}
+        row["kit_dflash_5l_over_peer"] = round(best["peer_dflash_sdpa"] / best["kit_dflash_5l"], 2)
+        out.append(row)
+    return out
 
 
 def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int = 5) -> list[dict]:
@@ -165,6 +257,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--scaling", action="store_true", help="only the tokens/s table (1 and --batch-size rows, eager/sdpa, packed/unpacked)")
+    p.add_argument("--no-dflash", dest="dflash", action="store_false", help="skip the block-drafter table (issue #36)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -177,6 +270,11 @@ def main() -> None:
     prep_s = time.perf_counter() - start
     speed_table = scaling(kit_dir, spec_dir, target_dir, args)
     print(json.dumps({"tokens_per_s": speed_table}), flush=True)
+    block_table = block_scaling(kit_dir, spec_dir, target_dir, args) if args.dflash else []
+    if block_table:
+        print(json.dumps({"block_drafters": block_table}), flush=True)
+        write_json(out / "block_drafters.json", {"settings": {"batch_size": args.batch_size, "threads": args.threads},
+                                                 "table": block_table}, indent=1)
     if args.scaling:
         return
 

@@ -190,29 +190,40 @@ def iter_raw_lines(f: BinaryIO, offset: int = 0, chunk_size: int = 1 << 20) -> I
     """``(byte offset, line)`` for every physical line of a binary stream read from ``offset``.
 
     Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (universal newlines); the terminator is not part of
-    the line. Blank lines are yielded too, so callers can count physical lines.
+    the line. Blank lines are yielded too, so callers can count physical lines. Linear in the bytes read: each
+    byte is scanned for a line end once, and a line longer than a read is kept in pieces joined once when it
+    ends (a 1 GB line costs what reading it costs, not a re-scan per read).
     """
-    buf = b""
-    eof = False
-    while not eof:
-        chunk = f.read(chunk_size)
-        eof = not chunk
-        buf += chunk
-        if b"\r" not in buf:  # the common case: LF only, split in C
-            *complete, buf = buf.split(b"\n")
-            for line in complete:
-                yield offset, line
-                offset += len(line) + 1
-            continue
-        limit = len(buf) - 1 if not eof and buf.endswith(b"\r") else len(buf)  # a CR at the end may begin a CRLF
-        start = 0
-        for m in _EOL.finditer(buf, 0, limit):
-            yield offset + start, buf[start:m.start()]
-            start = m.end()
-        offset += start
-        buf = buf[start:]
-    if buf:
-        yield offset, buf
+    pieces: list[bytes] = []  # the line still open, as read
+    start, base, after_cr = offset, offset, False  # where the open line starts; where the chunk starts
+    while chunk := f.read(chunk_size):
+        skip = 1 if after_cr and chunk[:1] == b"\n" else 0  # the LF of a CRLF split between two reads
+        start += skip
+        after_cr = chunk.endswith(b"\r")
+        pos = skip
+        for end, after in _line_ends(chunk, skip):
+            pieces.append(chunk[pos:end])
+            yield start, b"".join(pieces) if len(pieces) > 1 else pieces[0]
+            pieces, pos = [], after
+            start = base + after
+        if pos < len(chunk):
+            pieces.append(chunk[pos:])
+        base += len(chunk)
+    if pieces:
+        line = b"".join(pieces)
+        if line:
+            yield start, line
+
+
+def _line_ends(chunk: bytes, pos: int) -> Iterator[tuple[int, int]]:
+    """``(end, after)`` of every line end in ``chunk`` from ``pos`` (LF only: found by ``bytes.find``, in C)."""
+    if b"\r" in chunk:
+        for m in _EOL.finditer(chunk, pos):
+            yield m.start(), m.end()
+        return
+    while (end := chunk.find(b"\n", pos)) >= 0:
+        yield end, end + 1
+        pos = end + 1
 
 
 def json_depth(obj: Any, limit: int = MAX_DEPTH) -> int:

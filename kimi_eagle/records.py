@@ -145,6 +145,20 @@ def error_kind(reason: str) -> str:
     return _VARIABLE.sub(lambda m: "N" if m.group()[0].isdigit() else "'…'", reason)
 
 
+def clip_words(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: whole, or cut at the last space before the limit and ended by
+    `` […]``, so a reason is never cut inside a word or a quoted value mid-way without saying so.
+
+    >>> clip_words('line 3: "response": {"choices": []} is not an object', 30)
+    'line 3: "response" […]'
+    """
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 4]
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > limit // 2 else head).rstrip(" :,;") + " […]"
+
+
 def error_table(reasons: Iterable[str | None], top: int = 10) -> str:
     """A printable table of the most common error kinds (see :func:`error_kind`), most frequent first; each
     kind is shown by its first real reason (field names and digits as they were), with the count of alike ones."""
@@ -157,7 +171,8 @@ def error_table(reasons: Iterable[str | None], top: int = 10) -> str:
     if not counts:
         return ""
     lines = [f"top error reasons ({sum(counts.values())} records in error, {len(counts)} kinds):"]
-    lines += [f"  {n:>7}  {example[kind_][:160]}" + (" (and alike)" if n > 1 else "") for kind_, n in counts.most_common(top)]
+    lines += [f"  {n:>7}  {clip_words(example[kind_], 160)}" + (" (and alike)" if n > 1 else "")
+              for kind_, n in counts.most_common(top)]
     if len(counts) > top:
         lines.append(f"  {sum(n for _, n in counts.most_common()[top:]):>7}  ({len(counts) - top} other kinds)")
     return "\n".join(lines)
@@ -210,16 +225,25 @@ def response_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted((response_row(r) for r in records), key=lambda row: row["id"])
 
 
-def collect_metrics(summary: dict[str, Any], rows: list[dict[str, Any]], local_server: bool) -> dict[str, Any]:
-    """``metrics.json`` of a collection: prompts, ok/errors, retries, tokens, cost, wall time and requests
-    per second from the collector's ``summary``; finish reasons counted over ``rows`` (most frequent first)."""
+def collect_metrics(summary: dict[str, Any], rows: list[dict[str, Any]], local_server: bool,
+                    model: str = "stories260K") -> dict[str, Any]:
+    """``metrics.json`` of a collection: prompts, ok/errors and tokens of the output file, this run's requests
+    and retries, what it reused (:mod:`kimi_eagle.reuse`), cost, wall time and requests per second from the
+    collector's ``summary``; finish reasons counted over ``rows`` (most frequent first); ``data``: the data kind
+    (:mod:`kimi_eagle.data_kinds`): a local server of ``model`` stands in for a provider, else ``real``."""
+    from kimi_eagle.data_kinds import REAL, stand_in
+    from kimi_eagle.reuse import note_collect
+
     totals, wall = summary["totals"], summary["seconds"]
     finish = Counter(row["finish_reason"] for row in rows if row["finish_reason"] is not None)
+    reused: dict[str, str] = {}
+    note_collect(reused, "collect", summary)
     return {
-        "prompts": summary["prompts"], "ok": totals["ok"], "errors": totals["errors"], "retries": summary["retries"],
+        "prompts": summary["prompts"], "ok": totals["ok"], "errors": totals["errors"],
+        "requested": summary["requested"], "retries": summary["retries"], "reused": reused,
         "prompt_tokens": totals["prompt_tokens"], "completion_tokens": totals["completion_tokens"],
         "reasoning_tokens": totals["reasoning_tokens"], "cost_usd": totals["cost"],
         "seconds": wall, "requests_per_s": round(summary["requested"] / wall, 3) if wall else None,
         "finish_reasons": {str(k): int(v) for k, v in finish.most_common()},
-        "local_server": local_server,
+        "local_server": local_server, "data": stand_in(f"{model} served locally") if local_server else REAL,
     }

@@ -62,3 +62,62 @@ def test_first_significant_rate_and_charts(tmp_path):
     plot_arms(table, path=tmp_path / "arms.png")
     fig = plot_dose_response(table, path=tmp_path / "dose.png")
     assert (tmp_path / "arms.png").read_bytes()[:4] == b"\x89PNG" and len(fig.axes[0].lines) >= 2
+
+
+def test_dflash_arms_compare_with_their_own_engine_ids_arm_and_the_side_by_side_tables_read_the_table():
+    from kimi_eagle.eagle3.ablation import DEFAULT_ARMS, AblationSettings, dflash_arms, drafter_tables
+
+    both = DEFAULT_ARMS + dflash_arms()
+    assert [a.name for a in dflash_arms()] == [f"DFlash · {a.name}" for a in DEFAULT_ARMS if a.storage == "bf16"]
+    settings = AblationSettings(arms=both, k=7, block_size=5)
+    by_name = {a.name: a for a in both}
+    assert settings.reference_of(by_name["DFlash · recon + 5% splits"]) == "DFlash · engine IDs · bf16"
+    assert settings.reference_of(by_name["recon + 5% splits"]) == "engine IDs · bf16"
+    assert settings.k_of(by_name["DFlash · recon IDs · bf16"]) == 4 and settings.k_of(by_name["recon IDs · bf16"]) == 7
+
+    def row(drafter, ids, rate, tau, delta, lo, hi, mode="greedy"):
+        return {"drafter": drafter, "ids": ids, "inject_rate": rate, "mode": mode, "storage": "bf16", "k": 4, "tau": tau,
+                "lo": tau - 0.1, "hi": tau + 0.1, "delta": delta, "delta_lo": lo, "delta_hi": hi, "significant": lo > 0 or hi < 0}
+    table = [row("eagle3", "engine", 0.0, 2.0, 0.0, 0.0, 0.0), row("eagle3", "recon", 0.0, 1.9, -0.1, -0.2, 0.05),
+             row("eagle3", "recon", 0.05, 1.7, -0.3, -0.4, -0.2), row("dflash", "engine", 0.0, 1.5, 0.0, 0.0, 0.0),
+             row("dflash", "recon", 0.0, 1.6, 0.1, 0.0, 0.2), row("dflash", "recon", 0.05, 1.5, 0.0, -0.1, 0.1)]
+    t = drafter_tables(table, modes=("greedy",))
+    assert [(r["drafter"], r["tau"], r["ci95"], r["tau_over_eagle3"]) for r in t["tau"]] == [
+        ("eagle3", 2.0, [1.9, 2.1], 1.0), ("dflash", 1.5, [1.4, 1.6], 0.75)]
+    # one sign: engine − recon, so the interval is the table's (recon − engine) interval negated and swapped
+    assert [(r["engine_minus_recon"], r["ci95"]) for r in t["engine_minus_recon"]] == [(0.1, [-0.05, 0.2]), (-0.1, [-0.2, 0.0])]
+    assert t["first_significant_rate"] == {"eagle3 greedy": 0.05, "dflash greedy": None}
+    assert first_significant_rate(table, "greedy", "dflash") is None and first_significant_rate(table, "greedy") == 0.05
+
+
+def test_the_bootstrap_interval_equals_an_independent_loop_over_the_same_resamples():
+    rng = np.random.default_rng(1)
+    rounds = rng.integers(5, 9, size=(2, 7))
+    acc = rng.binomial(rounds * 3, 0.4)
+    got = bootstrap_tau(acc, rounds, n_boot=300, seed=4)
+    draws = np.random.default_rng(4)
+    seeds, prompts = draws.integers(0, 2, size=(300, 2)), draws.integers(0, 7, size=(300, 7))
+    taus = []
+    for b in range(300):
+        a = sum(acc[s, p] for s in seeds[b] for p in prompts[b])
+        r = sum(rounds[s, p] for s in seeds[b] for p in prompts[b])
+        taus.append((a + r) / r)
+    assert got["lo"] == pytest.approx(np.quantile(taus, 0.025)) and got["hi"] == pytest.approx(np.quantile(taus, 0.975))
+
+
+def test_injection_with_an_id_filter_splits_only_kept_tokens_into_kept_halves(stories):
+    """A row-mapped tiny-kimi injects only where the model has rows for the token and both halves (#36)."""
+    splits = two_token_splits(stories)
+    texts = ["Once upon a time there was a little girl named Lily.", "She liked to play with her big red ball outside."] * 6
+    rows = [Row(str(i), [1] + stories.encode(t), [0] + [1] * len(stories.encode(t))) for i, t in enumerate(texts)]
+    allowed = {i for i in range(len(stories.token_table)) if i % 3}  # a stand-in row map: every id not divisible by 3
+    out, info = inject_rows(rows, stories, 0.2, seed=1, keep=allowed.__contains__)
+    assert info["split_tokens"] > 0
+    for before, after in zip(rows, out):
+        assert ids_to_bytes(stories, after.input_ids) == ids_to_bytes(stories, before.input_ids)
+        new = [t for t in after.input_ids if t not in before.input_ids]
+        assert all(t in allowed for t in new)
+    used = {t for r in rows for t in r.input_ids if t in splits}
+    assert info["splittable_tokens"] == sum(1 for r in rows for t, m in zip(r.input_ids, r.loss_mask)
+                                            if m and t in splits and t in allowed and set(splits[t]) <= allowed)
+    assert used  # the rows do hold splittable tokens

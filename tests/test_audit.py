@@ -15,6 +15,7 @@ from kimi_eagle.apps.audit.report import (
     AUDIT_CHARTS,
     agreement_matrix_figure,
     divergence_steps,
+    render_html,
     self_consistency_figure,
     write_audit_report,
 )
@@ -225,6 +226,23 @@ def test_audit_accounts_for_every_request_and_fp32_agrees_with_its_own_engine(tm
     for name in (*AUDIT_CHARTS, "report"):  # the charts and the page beside summary.json
         assert (tmp_path / "audit" / (f"{name}.png" if name != "report" else "report.html")).is_file()
     assert "reference" in capsys.readouterr().out
+    # #35: stories260K at two precisions on 127.0.0.1 are stand-ins for providers, never "REAL data"
+    assert summary["data"] == "stand-in: stories260K served locally"
+    page = (tmp_path / "audit" / "report.html").read_text()
+    assert "REAL data" not in page and "STAND-IN data: stories260K served locally" in page
+    assert "<p class='data stand-in'>" in page
+
+
+def test_a_local_audit_is_a_stand_in_everywhere_a_remote_one_is_real(stories):
+    """#35: the page's banner, title and every chart say what the "providers" are."""
+    _, summary = small_audit(stories)
+    local = {**summary, "settings": {**summary["settings"], "base_url": "http://127.0.0.1:8000/v1"}}
+    remote = {**summary, "settings": {**summary["settings"], "base_url": "https://openrouter.ai/api/v1"}}
+    for s, tag in ((local, "[STAND-IN data: stories260K served locally]"), (remote, "[REAL data]")):
+        for fig in (agreement_matrix_figure(s), self_consistency_figure(s)):
+            assert fig.axes[0].get_title().replace("\n", " ").startswith(tag)
+    page = render_html(local, {})
+    assert "REAL data" not in page and "stand-in: stories260K served locally" in page.split("<h1>")[1].split("</h1>")[0]
 
 
 def test_audit_options_refuse_what_a_user_gets_wrong_before_any_request(tmp_path):

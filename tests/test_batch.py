@@ -300,6 +300,23 @@ def test_shipped_grids_name_their_notebook_and_validate_against_it(path):
 
 # ---- a summary a reader trusts at a glance ----
 
+def test_a_value_missing_from_some_finished_run_is_not_the_same_in_every_run(tmp_path):
+    """#35: a metric two runs share and a third lacks was listed as "the same in every run"."""
+    from kimi_eagle.apps.reports.batch_summary import constant_metrics, write_summary
+
+    for name, metrics in (("a", {"data": "real", "n_records": 5, "precision": 1.0}),
+                          ("b", {"data": "real", "n_records": 5, "precision": 1.0}),
+                          ("c", {"data": "real", "n_records": 5})):  # billing-only: no precision
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"status": "ok", "duration_s": 1.0, "attempts": 1}))
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+    df = write_summary(tmp_path, [(n, {"x": n}) for n in "abc"])
+    assert constant_metrics(df) == {"metric.n_records": 5}
+    page = (tmp_path / "summary.html").read_text()
+    same = page.split("The same in every run")[1].split("</ul>")[0]
+    assert "n records = <b>5</b>" in same and "precision" not in same
+
+
 def test_summary_page_shows_plain_values_states_constants_once_and_labels_simulated_and_real_runs(tmp_path):
     import numpy as np
 

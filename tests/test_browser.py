@@ -413,3 +413,34 @@ def test_completion_playground_parses_what_is_typed(page, kimi):
         shown({"content": "Rain in Oslo tonight.", "finish_reason": "stop"})
     box.evaluate("e => e.scrollIntoView({block: 'start'})", timeout=10_000)
     page.screenshot(path=str(ARTIFACTS / "completion_playground.png"), timeout=90_000)
+
+
+def test_compare_page_shows_every_figure_and_fits_the_window_in_chromium(page, tmp_path):
+    """#35: `kimi-eagle compare` of two billing outputs of the benchmark, opened in chromium: the table holds a row
+    per figure of compare.csv, says the sign, and does not run off the page at 1280 px."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium)")
+    import csv
+
+    from kimi_eagle.apps import cli
+
+    for name, per_effect, seed in (("a", 2, 0), ("b", 3, 1)):
+        assert cli.main(["simulate", "-o", str(tmp_path / name), "--per-effect", str(per_effect), "--seed", str(seed),
+                         "--run"]) == 0
+        assert cli.main(["billing", str(tmp_path / name / "reconstructed.parquet"), "-o", str(tmp_path / name / "billing")]) == 0
+    assert cli.main(["compare", str(tmp_path / "a" / "billing"), str(tmp_path / "b" / "billing"), "-o", str(tmp_path / "cmp")]) == 0
+    with open(tmp_path / "cmp" / "compare.csv", newline="") as f:
+        figures = [r["figure"] for r in csv.DictReader(f)]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tab = page.context.new_page()  # the module's chromium (one sync Playwright per thread)
+    try:
+        tab.set_viewport_size({"width": 1280, "height": 900})
+        tab.goto((tmp_path / "cmp" / "compare.html").as_uri(), timeout=30_000)
+        rows = tab.locator("table.t tbody tr")
+        assert rows.count() == len(figures)
+        assert [rows.nth(i).locator("td").first.inner_text() for i in range(rows.count())] == figures
+        assert "change = B − A" in tab.locator("p.sign").first.inner_text()
+        assert tab.evaluate("() => document.documentElement.scrollWidth") <= 1280
+        tab.screenshot(path=str(ARTIFACTS / "compare_page.png"), full_page=True)
+    finally:
+        tab.close()

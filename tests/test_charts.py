@@ -423,3 +423,24 @@ def test_a_run_without_the_metric_says_na_and_status_uses_the_scheme(tmp_path):
     drawn = {to_hex(p.get_facecolor()) for p in ax.patches if p.get_width()}
     assert drawn == {toolkit.STATUS_COLORS["ok"], toolkit.STATUS_COLORS["error"]}
     assert toolkit.STATUS_COLORS["ok"] == toolkit.VERDICT_COLORS["exact"]  # finished: the agreement green
+
+
+def test_a_batch_chart_title_is_never_cut_off_by_long_run_names(tmp_path):
+    """#35: with long run names the axes moves right and a title wrapped to the figure's width ran past its edge
+    (and, re-wrapped, past its top). Saved, every title lies inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from kimi_eagle.apps.reports import batch_summary
+    from kimi_eagle.apps.reports.toolkit import save
+
+    df = pd.DataFrame({"run": ["sim-glaive", "real-stories260K-billing-only", "real-tiny-kimi-engine-with-a-long-name"],
+                       "status": ["ok"] * 3, "metric.data": ["simulated", "real", "toy"],
+                       "metric.billing_gap_pct": [0.0, 1.5, 3.0], "metric.billing_gap_pct_ci.0": [0.0, 0.0, 0.0],
+                       "metric.billing_gap_pct_ci.1": [3.0, 3.0, 3.0]})
+    fig = batch_summary.bar_chart(df, "metric.billing_gap_pct",
+                                  ("metric.billing_gap_pct_ci.0", "metric.billing_gap_pct_ci.1"))
+    save(fig, tmp_path / "gap.png", tight=False)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    box = fig.axes[0].title.get_window_extent(renderer)
+    assert "95% interval" in fig.axes[0].get_title()
+    assert -1 <= box.x0 and box.x1 <= fig.bbox.width + 1 and -1 <= box.y0 and box.y1 <= fig.bbox.height + 1, box

@@ -58,11 +58,12 @@ def test_extracted_states_are_the_target_block_outputs(target, rows, tmp_path):
 def test_manifest_describes_shards(target, rows, tmp_path):
     m = extract(stories_dir(), rows, tmp_path, dtype="fp16", shard_rows=3, model=target)
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
-    assert on_disk == m
+    assert on_disk == {k: v for k, v in m.items() if k != "reused_rows"} and m["reused_rows"] == 0
     assert m["layer_id_convention"].startswith("0-based block-output")
     assert len(m["target_sha256"]) == 64 and [s["rows"] for s in m["shards"]] == [[0, 3], [3, 4]]
     with safe_open(str(tmp_path / m["shards"][0]["file"]), framework="pt") as f:
-        assert set(f.keys()) == {"input_ids", "loss_mask", "aux", "final", "offsets", "row_index"}
+        assert set(f.keys()) == {"input_ids", "loss_mask", "aux", "final", "offsets", "row_index", "layer_ids"}
+        assert f.get_tensor("layer_ids").tolist() == m["layer_ids"]  # checked against the manifest on read (issue 37)
         assert f.get_slice("aux").get_dtype() == "F16"
 
 
@@ -75,6 +76,7 @@ def test_extraction_resumes_without_redoing_finished_shards(target, rows, tmp_pa
     first_mtime = (part / first["shards"][0]["file"]).stat().st_mtime_ns
     resumed = extract(stories_dir(), rows, part, shard_rows=2, model=target)
     assert (part / first["shards"][0]["file"]).stat().st_mtime_ns == first_mtime
+    assert resumed["reused_rows"] == 2 and first["reused_rows"] == 0  # says what it kept (the first shard's rows)
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in full["shards"]]
     with pytest.raises(ValueError, match="different"):
         extract(stories_dir(), rows, part, shard_rows=2, model=target, layer_ids=[0, 2, 4])

@@ -25,7 +25,8 @@ LIBRARY: dict[str, set[str]] = {
 }
 APPS = "apps"
 ALLOWED: dict[str, set[str]] = {**LIBRARY, APPS: set(LIBRARY)}
-CORE_MODULES = {"kimi_eagle", "kimi_eagle.assets", "kimi_eagle.records", "kimi_eagle.io"}
+CORE_MODULES = {"kimi_eagle", "kimi_eagle.assets", "kimi_eagle.records", "kimi_eagle.io", "kimi_eagle.reuse",
+                "kimi_eagle.data_kinds"}  # data_kinds: the one data-kind vocabulary (#35)
 
 
 def module_name(path: Path) -> str:

@@ -153,6 +153,52 @@ def test_every_figure_on_the_billing_report_is_recomputed_from_the_parquet(pages
     assert text.count("reference − reconstructed") == 1
 
 
+# the billing cause of each diff label, and the record-level part of a verdict (spelled out here, not imported)
+LABEL_BILLING_CAUSE = {"exact": "match", "bpe_split": "non_canonical_split", "whitespace": "whitespace_stripped",
+                       "tool_call_id": "tool_id_rewritten", "tool_args_json_equal": "args_reserialised",
+                       "special_token": "think_end_not_generated", "truncation": "length_truncation",
+                       "replacement_char": "replacement_char", "other": "unexplained"}
+
+
+def _verdict_cause(verdict):
+    if not verdict.startswith("explained:"):
+        return verdict
+    alts = {"+".join(c for c in a.split("+") if c not in {"eot_not_counted", "reasoning_with_think_end",
+                                                           "reasoning_not_reported", "truncation_resolved_by_billing"})
+            for a in verdict[len("explained:"):].split("|")}
+    return "ambiguous" if len(alts) > 1 else (alts.pop() or "match")
+
+
+def test_the_billing_page_shows_its_verdicts_against_the_labels_recomputed(pages):
+    """#35: on labelled input (simulate's labels.parquet beside the reconstruction) the billing page carries the
+    confusion of billing verdicts against the labels and each cause's precision and recall with Wilson intervals."""
+    records = pd.read_parquet(pages / "billing" / "billing_records.parquet")
+    labels = pd.read_parquet(pages / "sim" / "labels.parquet").set_index("id")["expected"]
+    truth = records.id.map(labels).map(LABEL_BILLING_CAUSE)
+    said = records.verdict.map(_verdict_cause)
+    soup = _soup(pages / "billing" / "report.html")
+    conf = {r["label \\ billing verdict"]: r for r in _table_with(soup, "label \\ billing verdict")}
+    expect = pd.crosstab(truth, said)
+    assert set(conf) == set(expect.index)
+    for label, row in conf.items():
+        for verdict, n in expect.loc[label].items():
+            assert int(row[verdict]) == int(n), (label, verdict)
+    per = {r["cause (from the label)"]: r for r in _table_with(soup, "cause (from the label)", "recall [Wilson 95% CI]")}
+    for cause in expect.index:
+        tp, support, named = int(((truth == cause) & (said == cause)).sum()), int((truth == cause).sum()), int((said == cause).sum())
+        lo, hi = _wilson(tp, support)
+        assert per[cause]["recall [Wilson 95% CI]"] == f"{tp}/{support} ({100 * tp / support:.1f}%) [{100 * lo:.1f}%, {100 * hi:.1f}%]"
+        if named:
+            lo, hi = _wilson(tp, named)
+            assert per[cause]["precision [Wilson 95% CI]"] == \
+                f"{tp}/{named} ({100 * tp / named:.1f}%) [{100 * lo:.1f}%, {100 * hi:.1f}%]"
+    explained = records.verdict.str.startswith("explained:")
+    wrong = int((explained & ~said.isin(["ambiguous", "match"]) & (said != truth)).sum())
+    text = soup.get_text(" ")
+    assert f"{int(explained.sum()):,} explained verdicts, {wrong:,} of them naming a single cause" in text
+    assert wrong == 0  # the attribution rules name the injected cause or say billing cannot tell
+
+
 # ---- summary.html: every figure recomputed from each run's run.json and metrics.json
 
 BATCH_RUNS = {  # name: (data kind, evidence, n records, engine verdicts or None, billing classes)

@@ -143,3 +143,48 @@ def test_a_large_group_is_a_stated_uniform_sample():
     choice = {"provider": "P", "dataset": None, "profile": "template", "prompt_matched": {"template": 90},
               "compared": 100, "billed_records": 2000, "sampled": 100, "no_evidence": None}
     assert describe(choice).endswith("(evidence: a uniform sample of 100 of 2,000 billed records)")
+
+
+def test_the_billing_page_leads_with_what_nothing_explains_and_tables_every_provider(k2_log, tmp_path, capsys):
+    """Issue 34's report: the billing page's first finding names the unexplained providers with their residuals, and
+    its per-provider table lists every table entry met and every group, with the calibrated parity."""
+    recon = tmp_path / "k2.parquet"
+    assert main(["reconstruct", str(k2_log), "-o", str(recon), "--format", "kimi-k2-instruct", "--no-progress"]) == 0
+    assert main(["billing", str(recon), "-o", str(tmp_path / "billing"), "--data", "real"]) in (0, 1)
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "billing" / "summary.json").read_text())
+    evidence = json.loads((tmp_path / "k2.parquet.serving.json").read_text())
+    providers = summary["providers"]
+    unexplained = [u for u in evidence["table"] if u["status"] == "unexplained"]
+    assert [r["provider"] for r in providers[:len(unexplained)]] == [u["provider"] for u in unexplained]
+    assert all(r["unexplained"] for r in providers[:len(unexplained)])
+    assert not any(r["unexplained"] for r in providers[len(unexplained):])
+    baseten = next(r for r in providers if r["provider"] == "BaseTen")
+    assert (baseten["prompt"], baseten["completion"], baseten["records"]) == ("23/23", "23/23", 23)
+    page = (tmp_path / "billing" / "report.html").read_text()
+    first = page.index("class='finding'") if "class='finding'" in page else page.index('class="finding"')
+    assert "explain the billed counts by no known server variant" in page[first:first + 400]
+    assert "DeepInfra" in page[first:first + 2000]
+    assert "Per provider: serving variant, prompt and completion parity" in page
+
+
+def test_notebook_02_on_real_records_shows_the_per_provider_table(k2_log, tmp_path):
+    """Notebook 02 with ``simulate=False`` reconstructs real API records with ``--serving auto`` (the provider table
+    first) and shows the per-provider table, unexplained providers first, before the billing tables."""
+    import papermill as pm
+
+    from kimi_eagle.assets import REPO_ROOT
+
+    out = tmp_path / "nb02.ipynb"
+    pm.execute_notebook(str(REPO_ROOT / "notebooks" / "02_bpe_diff_inspection.ipynb"), str(out), kernel_name="python3",
+                        parameters=dict(simulate=False, api_path=str(k2_log), format_name="kimi-k2-instruct",
+                                        sample_size=None, output_dir=str(tmp_path / "run")), progress_bar=False)
+    cells = json.loads(out.read_text())["cells"]
+    shown = [o for c in cells if c["cell_type"] == "code" and "Per provider" in "".join(c["source"])
+             for o in c.get("outputs", [])]
+    html_out = "".join("".join(o.get("data", {}).get("text/html", [])) for o in shown)
+    assert "Per provider: serving variant and parity" in html_out
+    table = html_out[html_out.index("<table"):]
+    assert table.index("DeepInfra") < table.index("BaseTen")  # unexplained first
+    printed = "".join("".join(o.get("text", [])) for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+    assert "provider BaseTen (moonshotai/kimi-k2-0905, all): provider table variant" in printed

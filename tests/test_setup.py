@@ -43,3 +43,15 @@ def test_readme_is_a_user_guide_of_at_most_150_lines():
     readme = (REPO_ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
     assert "docs/results.md" in readme
+
+
+def test_the_install_prints_its_progress_instead_of_staying_silent():
+    """#35: `pip install -q` kept a cold `make demo` silent for minutes; each stage now prints a line, and pip its
+    line per package (no -q, no progress bars that a log cannot show)."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    recipe = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    assert " -q" not in recipe and "PIP_INSTALL" in recipe
+    assert re.search(r"^PIP_INSTALL := .*pip install --progress-bar off", makefile, re.M)
+    stages = re.findall(r'@echo "\[install (\d)/(\d)\]', recipe)
+    assert [int(k) for k, _ in stages] == list(range(1, len(stages) + 1)) and {n for _, n in stages} == {str(len(stages))}
+    assert recipe.count("$(PIP_INSTALL)") == 3

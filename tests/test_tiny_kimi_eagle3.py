@@ -139,3 +139,30 @@ def test_notebook_03_runs_end_to_end_with_a_tiny_kimi_target(model_dir, tmp_path
     hidden = json.loads((tmp_path / "hidden_engine" / "manifest.json").read_text())
     assert hidden["token_ids"] == ROW_SPACE and hidden["vocab_size"] == len(target_id_map(model_dir))
     assert (tmp_path / "responses.jsonl").exists() and (tmp_path / "recon.parquet").exists()
+
+
+def test_a_dflash_drafter_in_row_space_keeps_greedy_identical_and_masks_with_kimis_pad_row(model_dir, engine, engine_file,
+                                                                                           prompt_lines, tmp_path):
+    """#36: DFlash on tiny-kimi: its layer set (all 3 blocks of this small model), Kimi's [PAD] (163839) as the mask
+    token in the model's rows, block-wise verification identical to target-only greedy decoding."""
+    from kimi_eagle.eagle3.dflash import DFlashDrafter, load_any_drafter
+    from kimi_eagle.eagle3.dflash_config import KIMI_MASK_TOKEN_ID
+
+    torch.set_num_threads(1)
+    target = load_target(model_dir)
+    rows, skipped = load_rows(engine_file[0], target=model_dir)
+    manifest = extract(model_dir, rows, tmp_path / "hidden", skipped=skipped, model=target, drafter="dflash")
+    assert manifest["layer_ids"] == [0, 1, 2]
+    train_drafter(TrainConfig(data=str(tmp_path / "hidden"), target=str(model_dir), out=str(tmp_path / "train"), steps=3,
+                              batch_size=2, draft_vocab_size=32, progress=False, drafter="dflash", block_size=4))
+    drafter = load_any_drafter(tmp_path / "train" / "drafter")
+    assert isinstance(drafter, DFlashDrafter)
+    assert engine.id_map.to_kimi([drafter.config.mask_token_id]) == [KIMI_MASK_TOKEN_ID]
+    prompts = [(p["id"], engine.id_map.to_rows(engine.prompt_ids(p["messages"], p.get("tools"))))
+               for p in prompt_lines[N_TRAIN:]]
+    report = evaluate_drafter(model_dir, None, prompts, EvaluateOptions(k=3, max_new_tokens=10, temperatures=(0.0, 1.0),
+                                                                       ngram=False), model=target, drafter=drafter)
+    greedy = report["methods"]["dflash"]["greedy"]
+    assert greedy["identical_to_target_greedy"] == f"{N_EVAL}/{N_EVAL}"
+    for mode in report["methods"]["dflash"].values():
+        assert mode["tau"] == round((mode["accepted"] + mode["rounds"]) / mode["rounds"], 4) and 1.0 <= mode["tau"] <= 4.0

@@ -161,8 +161,10 @@ def test_a_rerun_with_other_settings_starts_fresh_in_a_new_run_folder_and_says_w
     again = train_drafter(_cfg(hidden_dir, out, lr=1e-3, ttt_steps=2))
     assert (again["start"], again["out"], again["train_tokens_per_s"]) == ("resumed from step 8", str(tmp_path / "run.run2"), None)
     assert train_drafter(_cfg(hidden_dir, out))["out"] == str(out)
-    # more steps change the LR schedule: a third folder
-    assert train_drafter(_cfg(hidden_dir, out, steps=10))["out"] == str(tmp_path / "run.run3")
+    # more steps of the same run continue it (#35: `train --steps N` extends a finished run); other settings do not
+    extended = train_drafter(_cfg(hidden_dir, out, steps=10))
+    assert (extended["out"], extended["start"], extended["step"]) == (str(out), "resumed from step 8", 10)
+    assert "continuing a 8-step run from step 8 to 10 steps" in extended["start_note"]
 
 
 def test_resume_true_is_refused_when_the_settings_or_the_data_differ(hidden_dir, target, stories, tmp_path):

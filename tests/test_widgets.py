@@ -134,6 +134,24 @@ def test_playground_encodes_and_compares_pasted_ids(kimi):
     assert pg.record_verdict is None and "pasted IDs: position 1: 999999 is outside" in pg.html.value
 
 
+def test_new_text_is_never_compared_with_the_previous_samples_ids(kimi):
+    """#35: the notebook seeds the playground with a sample and its IDs; typing new text compared it against the
+    sample's IDs. They belong to the sample: editing the text clears them and says so; IDs pasted for the new text
+    are compared, and a later edit keeps them (the user pasted them on purpose)."""
+    sample = "Hello weather"
+    pg = TokenizerPlayground(kimi, text=sample, ids=str(kimi.encode(sample)))
+    assert pg.record_verdict.verdict == "exact"
+    pg.text.value = "A different sentence altogether."
+    assert pg.record_verdict is None and pg.ids.value == ""
+    assert "the sample&#x27;s IDs were cleared" in pg.html.value or "the sample's IDs were cleared" in pg.html.value
+    pg.ids.value = str(kimi.encode("A different sentence altogether."))
+    assert pg.record_verdict.verdict == "exact" and "were cleared" not in pg.html.value
+    pg.text.value = "A different sentence altogether!"
+    assert pg.ids.value and pg.record_verdict is not None and pg.record_verdict.verdict != "exact"
+    pg.load("Rain today", str(kimi.encode("Rain today")))
+    assert pg.text.value == "Rain today" and pg.record_verdict.verdict == "exact"
+
+
 def test_parse_ids_accepts_lists_and_separators():
     assert parse_ids("[1, 2, 3]") == parse_ids("1,2 3") == parse_ids(" 1\n2,\t3 ") == [1, 2, 3]
     assert parse_ids("") == []

@@ -19,6 +19,7 @@ import argparse
 import copy
 import importlib
 import math
+import os
 import re
 import sys
 import textwrap
@@ -46,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-data": ("kimi_eagle.apps.commands.export_data", "export exact-ID training rows for SpecForge or speculators"),
     "evaluate": ("kimi_eagle.apps.commands.evaluate", "measure acceptance length with speculative decoding"),
     "batch": ("kimi_eagle.apps.commands.batch", "run a notebook over a grid of parameters with papermill"),
+    "compare": ("kimi_eagle.apps.commands.compare", "two diff, billing or batch outputs side by side: each change with its interval"),
     "demo": ("kimi_eagle.apps.commands.demo", "run every notebook, tiny-kimi and every grid on the bundled data (make demo)"),
 }
 
@@ -61,21 +63,22 @@ EXAMPLES: dict[str, str] = {
     "report": "kimi-eagle report runs/mine/diff -o runs/mine/report",
     "billing": "kimi-eagle billing runs/mine/recon.parquet -o runs/mine/billing",
     "providers": "kimi-eagle providers runs/mine/api.jsonl",
-    "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model-dir ../shared/assets/stories260K",
-    "serve": "kimi-eagle serve --model-dir ../shared/assets/stories260K --port 8000",
+    "generate": "kimi-eagle generate prompts.jsonl -o runs/gen/engine.jsonl --model-dir ../shared/assets/models/stories260K/hf",
+    "serve": "kimi-eagle serve --model-dir ../shared/assets/models/stories260K/hf --port 8000",
     "tiny-kimi": "kimi-eagle tiny-kimi -o runs/tiny_kimi/model --steps 150 --seed 0 --collect 48",
     "collect": "kimi-eagle collect prompts.jsonl -o runs/mine/api.jsonl --base-url https://openrouter.ai/api/v1 "
                "--model moonshotai/kimi-k2.5",
     "audit": "kimi-eagle audit prompts.jsonl -o runs/audit --base-url http://127.0.0.1:8000/v1 --model stories260K "
-             "--providers fp32,bf16,int8 --reference runs/gen/engine.jsonl --tokenizer ../shared/assets/stories260K "
+             "--providers fp32,bf16,int8 --reference runs/gen/engine.jsonl --tokenizer ../shared/assets/models/stories260K/hf "
              "--format plain",
-    "extract": "kimi-eagle extract runs/mine/recon.parquet --target ../shared/assets/stories260K -o runs/hidden",
-    "train": "kimi-eagle train runs/hidden --target ../shared/assets/stories260K -o runs/train --steps 200",
+    "extract": "kimi-eagle extract runs/mine/recon.parquet --target ../shared/assets/models/stories260K/hf -o runs/hidden",
+    "train": "kimi-eagle train runs/hidden --target ../shared/assets/models/stories260K/hf -o runs/train --steps 200",
     "export": "kimi-eagle export runs/train/drafter --engine sglang -o runs/export",
     "export-data": "kimi-eagle export-data runs/mine/recon.parquet --to specforge -o runs/specforge "
-                   "--target ../shared/assets/stories260K",
-    "evaluate": "kimi-eagle evaluate prompts.jsonl --target ../shared/assets/stories260K --draft runs/train/drafter",
+                   "--target ../shared/assets/models/stories260K/hf",
+    "evaluate": "kimi-eagle evaluate prompts.jsonl --target ../shared/assets/models/stories260K/hf --draft runs/train/drafter",
     "batch": "kimi-eagle batch --grid notebooks/grids/diff_datasets.yaml -o runs/batch/diff_datasets --workers 2",
+    "compare": "kimi-eagle compare runs/last_week/billing runs/mine/billing -o runs/compare",
     "demo": "kimi-eagle demo -o runs/demo --batch-workers 2",
 }
 
@@ -191,7 +194,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if not (_no_default(default) or "%(default)" in text or "default" in text
+        if not (_no_default(default) or "%(default)" in text or "default" in text or _is_flag(action)
                 or not action.option_strings or isinstance(action, argparse._VersionAction)):
             text = f"{text} (default: %(default)s)" if text else "default: %(default)s"
         notes = " ".join(f"({alias}: deprecated alias)" for alias in deprecated_aliases(action))
@@ -211,6 +214,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if getattr(action, MAIN_INPUT, False):  # required through its group, so no [brackets]
             return self._metavar_formatter(action, default_metavar)(1)[0]
         return super()._format_args(action, default_metavar)
+
+
+def _is_flag(action: argparse.Action) -> bool:
+    """An option that takes no value (``store_true``, ``store_false``, ``store_const``): its default is implied."""
+    return bool(action.option_strings) and action.nargs == 0
 
 
 def _no_default(value: object) -> bool:
@@ -253,21 +261,55 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                            formatter_class=HelpFormatter, epilog=f"example:\n  {example}" if example else None)
         module.add_arguments(p)
         for action in p._actions:  # options without help still show their default
-            if action.help is None and action.option_strings and not _no_default(action.default):
+            if action.help is None and action.option_strings and not _no_default(action.default) and not _is_flag(action):
                 action.help = "default: %(default)s"
     return parser
+
+
+def _refuse_unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A misspelt option (``--ouput``) is argparse's one-line error naming it, with the nearest spelling, before
+    argparse would report a required option as missing (#35). Unambiguous prefixes stay accepted."""
+    import difflib
+
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if sub is None or command not in sub.choices:
+        return
+    cmd = sub.choices[command]
+    known = [s for a in cmd._actions for s in a.option_strings]
+    for word in argv[argv.index(command) + 1:]:
+        if word == "--":
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name in known or any(k.startswith(name) for k in known if k.startswith("--")):
+            continue
+        near = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], n=1)
+        cmd.error(f"unrecognized option {name}" + (f" (did you mean {near[0]}?)" if near else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``kimi-eagle`` command; its exit status (2 with a one-line error for unreadable or bad input)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    _refuse_unknown_options(parser, argv)
+    args = parser.parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
+    saved = {k: os.environ.get(k) for k in RUN_SCOPED_ENV}  # --figure-format/--dpi hold for this command only
     try:
         return int(module.run(args) or 0)
     except (OSError, ValueError) as e:  # clear one-line errors for bad input, no deep traceback
         print(f"kimi-eagle {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# set by a command for the notebooks it runs (kimi_eagle.apps.reports.outputs), restored when it returns
+RUN_SCOPED_ENV = ("KIMI_EAGLE_FIGURE_FORMAT", "KIMI_EAGLE_FIGURE_DPI")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ The same split is made for reasoning tokens over the ``reasoning`` segments.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -62,12 +63,15 @@ def reasoning_billing(billed: int | None, segments: Sequence[Mapping[str, Any]],
 # conventions predict (learned from all of that provider's records: does it count the end-of-turn
 # token, does its reasoning count include ``</think>``); whatever remains is checked against record-level
 # conventions that the record's own text or shape makes possible (a length cut, reasoning straight into
-# tools without ``</think>``, rewritten tool ids, stripped whitespace around arguments, U+FFFD).
+# tools without ``</think>``, rewritten tool ids, stripped whitespace around arguments, U+FFFD, a non-canonical
+# split, re-serialised arguments). When several explanations of the same size fit, the verdict names all of them
+# (``explained:a|b``): billing alone cannot tell which, and naming the first would name the wrong cause (#35).
 
 VERDICTS = ("match", "explained", "unexplained", "no_billing", "error")
 PROVIDER_CONVENTIONS = ("eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported")
 RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "tool_id_rewritten", "whitespace_stripped",
-                      "replacement_char")  # tried in this order; the fewest conventions that explain a record win
+                      "replacement_char", "non_canonical_split", "args_reserialised")  # the fewest that explain win
+SPLIT_EVERY = 1000  # a non-canonical split (the engine sampled a longer segmentation): at most 1 per 1,000 tokens, >= 1
 UNBOUNDED = 1 << 40
 REPLACEMENT_CHAR = "\ufffd".encode()
 MODEL_TOOL_ID = re.compile(rb"functions\.[^\s:]+:\d+")
@@ -88,6 +92,7 @@ class RecordFacts:
     n_fffd_reasoning: int
     straight_into_tools: bool  # ``</think>`` then tool calls, no content
     length: bool
+    n_reorderable_args: int = 0  # tool-call arguments that are JSON objects of 2+ keys (a re-serialiser may reorder)
 
 
 def check_segments(segments: Any, n_tokens: int) -> list[Mapping[str, Any]]:
@@ -156,13 +161,23 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
         slack += 2 * kinds.count("tool_id")
     completion = b"".join(table[int(i)] for i in ids)
     reasoning = b"".join(run(s) for s in segments if s["kind"] in REASONING_KINDS)
+    reorderable = sum(_keys(run(s)) >= 2 for s in segments if s["kind"] == "tool_args")
     return RecordFacts(
         n_tokens=len(ids), n_reasoning=n(REASONING_KINDS), n_eot=n(("im_end",)),
         n_think_end=n(("think_begin", "think_end")), n_tool_args=kinds.count("tool_args"), tool_id_slack=slack,
         n_fffd=completion.count(REPLACEMENT_CHAR), n_fffd_reasoning=reasoning.count(REPLACEMENT_CHAR),
         straight_into_tools="think_end" in kinds and "tool_id" in kinds and "content" not in kinds,
-        length=row.get("finish_reason") == "length" or "truncated" in flags,
+        length=row.get("finish_reason") == "length" or "truncated" in flags, n_reorderable_args=reorderable,
     )
+
+
+def _keys(raw: bytes) -> int:
+    """How many keys the JSON object ``raw`` holds (0 when it is not one)."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return 0
+    return len(value) if isinstance(value, dict) else 0
 
 
 def convention_ranges(name: str, f: RecordFacts, think_end_in_reasoning: bool) -> tuple[tuple[int, int], tuple[int, int]] | None:
@@ -179,23 +194,39 @@ def convention_ranges(name: str, f: RecordFacts, think_end_in_reasoning: bool) -
         return (1, 2 * f.n_tool_args), (0, 0)
     if name == "replacement_char" and f.n_fffd:  # a partial character (1-3 byte tokens) shown as U+FFFD
         return (-3 * f.n_fffd, 3 * f.n_fffd), (-3 * f.n_fffd_reasoning, 3 * f.n_fffd_reasoning)
+    if name == "non_canonical_split":  # the engine's tokens are a longer segmentation of the same bytes
+        most = max(1, f.n_tokens // SPLIT_EVERY)
+        return (1, most), (0, min(most, f.n_reasoning))
+    if name == "args_reserialised" and f.n_reorderable_args:  # keys reordered: boundaries merge differently
+        return (-f.n_reorderable_args, f.n_reorderable_args), (0, 0)
     return None
 
 
-def explain(residual: int, reasoning_residual: int | None, f: RecordFacts,
-            think_end_in_reasoning: bool = False) -> tuple[str, ...] | None:
-    """The fewest record-level conventions whose ranges contain both residuals (ties: RECORD_CONVENTIONS order);
-    ``()`` when nothing is left to explain, None when no combination fits."""
+def explanations(residual: int, reasoning_residual: int | None, f: RecordFacts,
+                 think_end_in_reasoning: bool = False) -> list[tuple[str, ...]]:
+    """Every smallest set of record-level conventions whose ranges contain both residuals (RECORD_CONVENTIONS
+    order): ``[()]`` when nothing is left to explain, ``[]`` when no combination fits. More than one set means
+    billing alone cannot tell the causes apart."""
     if residual == 0 and not reasoning_residual:
-        return ()
+        return [()]
     options = [(n, r) for n in RECORD_CONVENTIONS if (r := convention_ranges(n, f, think_end_in_reasoning)) is not None]
     for size in range(1, len(options) + 1):
+        fits = []
         for combo in itertools.combinations(options, size):
             c_lo, c_hi = sum(r[0][0] for _, r in combo), sum(r[0][1] for _, r in combo)
             r_lo, r_hi = sum(r[1][0] for _, r in combo), sum(r[1][1] for _, r in combo)
             if c_lo <= residual <= c_hi and (reasoning_residual is None or r_lo <= reasoning_residual <= r_hi):
-                return tuple(n for n, _ in combo)
-    return None
+                fits.append(tuple(n for n, _ in combo))
+        if fits:
+            return fits
+    return []
+
+
+def explain(residual: int, reasoning_residual: int | None, f: RecordFacts,
+            think_end_in_reasoning: bool = False) -> tuple[str, ...] | None:
+    """The first of :func:`explanations` (``()`` when nothing is left to explain), None when none fits."""
+    found = explanations(residual, reasoning_residual, f, think_end_in_reasoning)
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -290,6 +321,8 @@ REASONS = {
     "tool_id_rewritten": "tool-call ids were rewritten, the model's own ids are not in the text",
     "whitespace_stripped": "whitespace around tool arguments stripped by the API's parser",
     "replacement_char": "U+FFFD in the text: a partial character the API replaced",
+    "non_canonical_split": "the engine sampled a non-canonical split (the same bytes in more tokens)",
+    "args_reserialised": "tool-call arguments re-serialised by the API (keys reordered)",
 }
 
 
@@ -370,21 +403,22 @@ def _judge(row: dict[str, Any], f: RecordFacts, pc: ProviderConventions, usage_e
             base.append("reasoning_with_think_end")
         reasoning_residual = row["reasoning_delta"] - r_expected
     residual = row["billing_delta"] - expected
-    extra = explain(residual, reasoning_residual, f, think_end_in_reasoning)
+    found = explanations(residual, reasoning_residual, f, think_end_in_reasoning)
     parts = [f"billed {bc:,}, reconstructed {f.n_tokens:,} ({_signed(row['billing_delta'])})"]
     if br is not None:
         parts.append(f"reasoning billed {br:,}, reconstructed {f.n_reasoning:,} ({_signed(row['reasoning_delta'])})")
-    if extra is None:
+    if not found:
         row.update(verdict="unexplained", conventions=base, expected_delta=expected, unexplained_tokens=residual)
         parts.append(f"{_signed(residual)} completion tokens that no known convention explains"
                      + (f" (reasoning {_signed(reasoning_residual)})" if reasoning_residual else ""))
     else:
-        used = base + list(extra)
-        if "truncation_resolved_by_billing" in row["flags"]:  # the count chose the closers: agreement by construction
-            used.append("truncation_resolved_by_billing")
-        row.update(verdict="explained:" + "+".join(used) if used else "match", conventions=used,
-                   expected_delta=row["billing_delta"] if extra else expected, unexplained_tokens=0)
-        parts += [REASONS[c] for c in used]
+        tail = ["truncation_resolved_by_billing"] if "truncation_resolved_by_billing" in row["flags"] else []
+        sets = [base + list(extra) + tail for extra in found]  # the count chose the closers: agreement by construction
+        named = list(dict.fromkeys(c for s in sets for c in s))
+        row.update(verdict="explained:" + "|".join("+".join(s) for s in sets) if named else "match", conventions=named,
+                   expected_delta=row["billing_delta"] if found != [()] else expected, unexplained_tokens=0)
+        parts += [REASONS[c] for c in sets[0]] if len(sets) == 1 else [
+            "one of (billing alone cannot tell which): " + " | ".join(", ".join(REASONS[c] for c in s) for s in sets)]
     row["reason"] = "; ".join(parts)
 
 

@@ -36,6 +36,10 @@ VERDICTS = ("exact", "bpe_split", "semantic")
 SUBCLASSES = ("truncation", "replacement_char", "special_token", "whitespace", "tool_call_id",
               "tool_args_json_equal", "other")
 LABELS = ("exact", "bpe_split", *SUBCLASSES, "mixed")
+# The one sign of every token delta (records/hunks parquet ``token_delta``, the report and its charts, the
+# inspector, the playground, summaries): reconstructed tokens minus engine tokens; a truncated reconstruction
+# is negative, an extra ``</think>`` in the reconstruction +1 (#35).
+TOKEN_DELTA_SIGN = "reconstructed − engine"
 _WS = b" \t\r\n\f\v"
 
 

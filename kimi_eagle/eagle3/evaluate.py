@@ -20,8 +20,9 @@ from typing import Mapping, Sequence
 
 import torch
 
+from kimi_eagle.eagle3.dflash import DFlashDrafter, DFlashProposer, load_any_drafter
 from kimi_eagle.eagle3.hidden import check_prompts, load_target, token_ids
-from kimi_eagle.eagle3.model import load_drafter, read_config_json
+from kimi_eagle.eagle3.model import read_config_json
 from kimi_eagle.eagle3.row_space import id_space, model_ids, target_id_map
 from kimi_eagle.eagle3.speculative import (
     CachedTarget,
@@ -36,7 +37,8 @@ from kimi_eagle.eagle3.speculative import (
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.tokenize.tokenizer import HFTokenizer
 
-METHOD_LABELS = {"eagle3": "EAGLE-3", "ngram": "n-gram (prompt lookup)"}
+METHOD_LABELS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "ngram": "n-gram (prompt lookup)"}
+DRAFTER_METHODS = ("eagle3", "dflash")  # labelled per report: "EAGLE-3 (<name>)", "DFlash (<name>)"
 
 
 def load_prompts(path: str | Path, target_dir: str | Path) -> list[tuple[str, list[int]]]:
@@ -142,20 +144,33 @@ class EvaluateOptions:
         return self.cached if self.cached_drafter is None else self.cached_drafter
 
 
+def check_context(prompts: Sequence[tuple[str, list[int]]], n_positions: int | None, max_new_tokens: int) -> None:
+    """Every prompt plus ``max_new_tokens`` fits the target's ``n_positions`` (its ``max_position_embeddings``);
+    ValueError naming the first that does not, before any forward pass allocates for it (a prompt past the
+    context would run the target outside what it was trained on, at a cost quadratic in its length)."""
+    if not n_positions:
+        return
+    for pid, ids in prompts:
+        if len(ids) + max_new_tokens > n_positions:
+            raise ValueError(f"prompt {str(pid)[:60]!r}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "
+                             f"target's context of {n_positions} positions; shorten the prompt or lower --max-new-tokens")
+
+
 def evaluate_drafter(target_dir: str | Path, draft_dir: str | Path | None, prompts: Sequence[tuple[str, list[int]]],
                      options: EvaluateOptions = EvaluateOptions(), *, model=None, drafter=None) -> dict:
     """Acceptance length of each method at each temperature; returns a JSON-able report.
 
     ``report["methods"][method][mode]`` holds ``tau``, ``rounds``, ``accepted``, ``tokens``, timings
     and per-prompt τ; ``mode`` is ``greedy`` (temperature 0, plus ``identical_to_target_greedy``) or
-    ``t=<temperature>``. Methods: ``eagle3`` (when a drafter is given: ``drafter``, or loaded from
-    ``draft_dir``) and ``ngram`` (``options.ngram``). ``model``: the loaded target (default: loaded here).
+    ``t=<temperature>``. Methods: ``eagle3`` or ``dflash`` (when a drafter is given: ``drafter``, or loaded from
+    ``draft_dir``; a DFlash drafter drafts ``min(k, block_size - 1)`` tokens per round) and ``ngram`` (``options.ngram``). ``model``: the loaded target (default: loaded here).
     """
     model = model if model is not None else load_target(target_dir)
     check_prompts(prompts, int(model.config.vocab_size))  # an out-of-vocabulary ID is a message, not an IndexError
+    check_context(prompts, getattr(model.config, "max_position_embeddings", None), options.max_new_tokens)
     eos = _eos_id(model)
     if drafter is None and draft_dir is not None:
-        drafter = load_drafter(draft_dir, target_dir)
+        drafter = load_any_drafter(draft_dir, target_dir)  # EAGLE-3 (any format) or DFlash
     if drafter is not None:
         drafter.eval()
     references = ({pid: generate_target_only(model, ids, options.max_new_tokens, 0.0, eos) for pid, ids in prompts}
@@ -177,10 +192,20 @@ def _proposers(model, drafter, options: EvaluateOptions) -> list[tuple[Proposer,
     verifier = CachedTarget if options.cached else Target
     proposers: list[tuple[Proposer, Target | CachedTarget]] = []
     if drafter is not None:
-        proposers.append((EagleProposer(drafter, cached=options.drafter_cached), verifier(model, drafter.config.aux_layer_ids)))
+        proposers.append((drafter_proposer(drafter, options.drafter_cached), verifier(model, drafter.config.aux_layer_ids)))
     if options.ngram:
         proposers.append((NgramProposer(model.config.vocab_size), verifier(model)))
     return proposers
+
+
+def drafter_proposer(drafter, cached: bool = True) -> Proposer:
+    """The proposer of a loaded drafter: :class:`EagleProposer` (method ``eagle3``) or, for a DFlash block drafter,
+    :class:`~kimi_eagle.eagle3.dflash.DFlashProposer` (method ``dflash``)."""
+    return DFlashProposer(drafter, cached=cached) if isinstance(drafter, DFlashDrafter) else EagleProposer(drafter, cached=cached)
+
+
+def _label(method: str, name: str) -> str:
+    return f"{METHOD_LABELS[method]} ({name})" if method in DRAFTER_METHODS else METHOD_LABELS.get(method, method)
 
 
 def _mode(temperature: float) -> str:
@@ -211,14 +236,14 @@ def _measure(target: Target | CachedTarget, proposer: Proposer, prompts: Sequenc
 def tau_table(reports: Mapping[str, dict]) -> dict[str, dict]:
     """τ of every method of every report, by decoding mode: ``{label: {mode: tau, ..., "greedy identical": "n/m"}}``.
 
-    ``reports`` maps a name to an :func:`evaluate_drafter` report. EAGLE-3 rows are labelled
-    ``EAGLE-3 (<name>)``; the n-gram baseline, which does not depend on the drafter, is one row
+    ``reports`` maps a name to an :func:`evaluate_drafter` report. Drafter rows are labelled
+    ``EAGLE-3 (<name>)`` or ``DFlash (<name>)``; the n-gram baseline, which does not depend on the drafter, is one row
     ``n-gram (prompt lookup)`` (the last report holding it wins). Rows keep the reports' order.
     """
     table: dict[str, dict] = {}
     for name, report in reports.items():
         for method, per_mode in report["methods"].items():
-            label = f"{METHOD_LABELS['eagle3']} ({name})" if method == "eagle3" else METHOD_LABELS.get(method, method)
+            label = _label(method, name)
             row = {mode: entry["tau"] for mode, entry in per_mode.items()}
             if "greedy" in per_mode:
                 row["greedy identical"] = per_mode["greedy"]["identical_to_target_greedy"]
@@ -234,7 +259,7 @@ def tau_intervals(reports: Mapping[str, dict], z: float = 1.96) -> dict[str, dic
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for name, report in reports.items():
         for method, per_mode in report["methods"].items():
-            label = f"{METHOD_LABELS['eagle3']} ({name})" if method == "eagle3" else METHOD_LABELS.get(method, method)
+            label = _label(method, name)
             row = {}
             for mode, entry in per_mode.items():
                 per = [float(t) for t in entry.get("per_prompt_tau") or []]

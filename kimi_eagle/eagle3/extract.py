@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from kimi_eagle.eagle3.hidden import Extractor, Row, batches_by_length, load_target, pad_batch, target_hash
-from kimi_eagle.eagle3.layers import check_layer_ids, default_layer_ids
+from kimi_eagle.eagle3.layers import drafter_layer_ids
 from kimi_eagle.eagle3.layouts import LAYOUTS, MANIFEST, STORE_DTYPES
 from kimi_eagle.eagle3.row_space import target_id_map
 from kimi_eagle.eagle3.writers import WRITERS, KitWriter, RowStates, TargetFacts, TrainerLayoutWriter, WorkUnit
@@ -42,6 +42,7 @@ class ExtractOptions:
 
     layout: str = "kimi"
     layer_ids: Sequence[int] | None = None
+    drafter: str = "eagle3"  # whose layer set (default and count): :data:`~kimi_eagle.eagle3.layers.DRAFTER_LAYERS`
     dtype: str = "bf16"
     shard_rows: int = 256
     max_tokens: int = 4096
@@ -87,7 +88,7 @@ def target_facts(target: str | Path, model: Any, rows: Sequence[Row], options: E
         hint = " (it maps Kimi IDs to rows: read the rows with load_rows(..., target=TARGET))" if id_map else ""
         raise ValueError(f"row {outside.id}: an input ID is outside the target's {vocab_size} rows{hint}")
     n_layers = cfg.num_hidden_layers
-    ids = check_layer_ids(options.layer_ids, n_layers) if options.layer_ids is not None else default_layer_ids(n_layers)
+    ids = drafter_layer_ids(options.drafter, n_layers, options.layer_ids)
     data_hash = hashlib.sha256(json.dumps([[r.id, r.input_ids, r.loss_mask] for r in rows]).encode()).hexdigest()
     return TargetFacts(
         target=str(target), dtype=options.dtype, layer_ids=tuple(ids), n_layers=n_layers,
@@ -102,7 +103,13 @@ def resumable_manifest(out: Path, settings: dict) -> dict | None:
     path = out / MANIFEST
     if not path.exists():
         return None
-    previous = json.loads(path.read_text())
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({str(e).splitlines()[0][:80]}); use a new directory") from None
+    shards = previous.get("shards", []) if isinstance(previous, dict) else None
+    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+        raise ValueError(f"{path}: not a manifest this kit wrote (no list of shard entries); use a new directory")
     changed = [k for k, v in settings.items() if k != "target" and previous.get(k) != v]
     if changed:
         raise ValueError(f"{out} holds hidden states with different {', '.join(changed)}; use a new directory")
@@ -163,7 +170,8 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, options: E
             model: Any = None, **option_fields: Any) -> dict:
     """Extract the hidden states of ``rows`` into ``out`` in ``options.layout``; resumes an earlier run with
     the same settings. ``model``: the loaded target (default: loaded from ``target``); ``option_fields``
-    override fields of ``options`` (``extract(t, rows, out, dtype="fp8")``). Returns the manifest."""
+    override fields of ``options`` (``extract(t, rows, out, dtype="fp8")``). Returns the manifest, with
+    ``reused_rows``: the rows an earlier run had already extracted (not part of the written manifest)."""
     options = replace(options or ExtractOptions(), **option_fields)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,5 +182,7 @@ def extract(target: str | Path, rows: Sequence[Row], out: str | Path, options: E
     policy = long_rows(rows, facts.max_len)
     writer.open(settings, rows, policy, resumable_manifest(out, settings))
     too_long = {r["row"] for r in policy["rows"]}
-    run_units(model, rows, writer.pending(rows, too_long), writer, options)
-    return writer.finish(rows, too_long)
+    pending = writer.pending(rows, too_long)
+    run_units(model, rows, pending, writer, options)
+    computed = sum(len(unit.positions) for unit in pending)
+    return {**writer.finish(rows, too_long), "reused_rows": len(rows) - len(too_long) - computed}

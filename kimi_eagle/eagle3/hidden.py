@@ -157,15 +157,16 @@ def target_hash(path: str | Path) -> str:
 
 
 class Extractor:
-    """Runs the target's base model once per batch and returns ``(aux [B,T,3H], final [B,T,H])``.
+    """Runs the target's base model once per batch and returns ``(aux [B,T,nH], final [B,T,H])`` for ``n`` layer
+    ids (EAGLE-3's 3, DFlash's 5: :mod:`kimi_eagle.eagle3.dflash_config`).
 
-    Forward hooks record only the three requested block outputs; the LM head is never run.
+    Forward hooks record only the requested block outputs; the LM head is never run.
     """
 
     def __init__(self, model, layer_ids: Sequence[int]):
         self.model = model
         self.base = model.model
-        self.layer_ids = check_layer_ids(layer_ids, len(self.base.layers))
+        self.layer_ids = check_layer_ids(layer_ids, len(self.base.layers), count=None)  # EAGLE-3: 3, DFlash: 5
         self._captured: dict[int, torch.Tensor] = {}
         self._handles = [self.base.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from kimi_eagle.eagle3.dflash_config import dflash_layer_ids
+
 CONVENTION = "0-based block-output index (HF hidden_states[i + 1])"
 ENGINES = ("sglang", "vllm")
 
@@ -33,12 +35,15 @@ def default_layer_ids(n_layers: int) -> tuple[int, int, int]:
     raise ValueError(f"a target with {n_layers} layers has no 3 distinct block outputs")
 
 
-def check_layer_ids(layer_ids: Sequence[int], n_layers: int) -> tuple[int, int, int]:
-    """``layer_ids`` as a tuple of 3 distinct block indices of an ``n_layers`` target; ValueError otherwise."""
+def check_layer_ids(layer_ids: Sequence[int], n_layers: int, count: int | None = 3) -> tuple[int, ...]:
+    """``layer_ids`` as a tuple of ``count`` (EAGLE-3: 3; None: any number, e.g. DFlash's 5) distinct block
+    indices of an ``n_layers`` target; ValueError otherwise."""
     ids = tuple(int(i) for i in layer_ids)
-    if len(ids) != 3 or len(set(ids)) != 3 or not all(0 <= i < n_layers for i in ids):
-        raise ValueError(f"layer ids must be 3 distinct block indices in [0, {n_layers - 1}], got {list(layer_ids)}")
-    return ids  # type: ignore[return-value]
+    want = count if count is not None else max(1, len(ids))
+    if len(ids) != want or len(set(ids)) != want or not all(0 <= i < n_layers for i in ids):
+        what = f"{count}" if count is not None else "1 or more"
+        raise ValueError(f"layer ids must be {what} distinct block indices in [0, {n_layers - 1}], got {list(layer_ids)}")
+    return ids
 
 
 def engine_layer_ids(layer_ids: Sequence[int], engine: str) -> list[int]:
@@ -79,8 +84,9 @@ def layer_ids_from_engine(engine_ids: Sequence[int]) -> list[int]:
 TRAINERS = ("kimi", "sglang", "specforge", "vllm", "speculators")
 
 
-def trainer_layer_ids(layer_ids: Sequence[int], n_layers: int, trainer: str) -> list[int]:
-    """The aux layer ids a trainer's config takes for the kit's 0-based block outputs ``layer_ids``.
+def trainer_layer_ids(layer_ids: Sequence[int], n_layers: int, trainer: str, count: int | None = 3) -> list[int]:
+    """The aux layer ids a trainer's config takes for the kit's 0-based block outputs ``layer_ids`` (``count`` of
+    them: EAGLE-3's 3; None: any number, e.g. DFlash's set, :mod:`kimi_eagle.eagle3.dflash_config`).
 
     * ``kimi``: the ids themselves (block outputs).
     * ``sglang`` / ``specforge``: SpecForge's ``model.aux_hidden_state_layer_ids`` is passed to SGLang,
@@ -88,7 +94,7 @@ def trainer_layer_ids(layer_ids: Sequence[int], n_layers: int, trainer: str) -> 
     * ``vllm`` / ``speculators``: capture-before-block ids (``i + 1``: Kimi 2, 30, 58). speculators
       stores the last layer too, as id ``n_layers`` (see :func:`speculators_layer_ids`).
     """
-    ids = list(check_layer_ids(layer_ids, n_layers))
+    ids = list(check_layer_ids(layer_ids, n_layers, count))
     if trainer == "kimi":
         return ids
     if trainer in ("sglang", "specforge"):
@@ -98,10 +104,10 @@ def trainer_layer_ids(layer_ids: Sequence[int], n_layers: int, trainer: str) -> 
     raise ValueError(f"unknown trainer {trainer!r}: choose from {', '.join(TRAINERS)}")
 
 
-def speculators_layer_ids(layer_ids: Sequence[int], n_layers: int) -> list[int]:
-    """The 4 capture-before ids of a speculators hidden-state file: the 3 aux layers, then ``n_layers``
-    (the last block's output before the final norm). Kimi's defaults: ``[2, 30, 58, 61]``."""
-    return trainer_layer_ids(layer_ids, n_layers, "vllm") + [n_layers]
+def speculators_layer_ids(layer_ids: Sequence[int], n_layers: int, count: int | None = 3) -> list[int]:
+    """The capture-before ids of a speculators hidden-state file: the aux layers, then ``n_layers`` (the last
+    block's output before the final norm). Kimi's EAGLE-3 defaults: ``[2, 30, 58, 61]``."""
+    return trainer_layer_ids(layer_ids, n_layers, "vllm", count) + [n_layers]
 
 
 def layer_ids_from_trainer(trainer_ids: Sequence[int], n_layers: int, trainer: str) -> list[int]:
@@ -119,13 +125,31 @@ def layer_ids_from_trainer(trainer_ids: Sequence[int], n_layers: int, trainer: s
     raise ValueError(f"unknown trainer {trainer!r}: choose from {', '.join(TRAINERS)}")
 
 
-def convention_table(n_layers: int, layer_ids: Sequence[int] | None = None) -> dict[str, list[int]]:
-    """Every convention's ids for one target (default: EAGLE-3's low/mid/high), e.g. for docs and configs."""
+def convention_table(n_layers: int, layer_ids: Sequence[int] | None = None,
+                     count: int | None = 3) -> dict[str, list[int]]:
+    """Every convention's ids for one target (default: EAGLE-3's low/mid/high; ``count=None`` with DFlash's
+    set), e.g. for docs and configs."""
     ids = list(layer_ids) if layer_ids is not None else list(default_layer_ids(n_layers))
     return {
-        "kimi_block_output": trainer_layer_ids(ids, n_layers, "kimi"),
+        "kimi_block_output": trainer_layer_ids(ids, n_layers, "kimi", count),
         "hf_output_hidden_states_index": [i + 1 for i in ids],
-        "sglang_specforge": trainer_layer_ids(ids, n_layers, "sglang"),
-        "vllm_speculators": trainer_layer_ids(ids, n_layers, "vllm"),
-        "speculators_file_layers": speculators_layer_ids(ids, n_layers),
+        "sglang_specforge": trainer_layer_ids(ids, n_layers, "sglang", count),
+        "vllm_speculators": trainer_layer_ids(ids, n_layers, "vllm", count),
+        "speculators_file_layers": speculators_layer_ids(ids, n_layers, count),
     }
+
+
+# ------------------------------------------------------------------------------------------
+# the layer set each drafter reads (its default rule, and how many ids it takes: None = any number)
+
+DRAFTER_LAYERS = {"eagle3": (default_layer_ids, 3), "dflash": (dflash_layer_ids, None)}
+DRAFTERS = tuple(DRAFTER_LAYERS)
+
+
+def drafter_layer_ids(drafter: str, n_layers: int, layer_ids: Sequence[int] | None = None) -> tuple[int, ...]:
+    """``layer_ids`` checked for ``drafter`` (EAGLE-3: 3 distinct block outputs; DFlash: any number), or the
+    drafter's default set for an ``n_layers`` target (:func:`default_layer_ids`, :func:`dflash_layer_ids`)."""
+    if drafter not in DRAFTER_LAYERS:
+        raise ValueError(f"unknown drafter {drafter!r}: choose from {', '.join(DRAFTERS)}")
+    default, count = DRAFTER_LAYERS[drafter]
+    return check_layer_ids(layer_ids, n_layers, count) if layer_ids is not None else tuple(default(n_layers))

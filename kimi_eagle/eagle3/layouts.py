@@ -9,16 +9,18 @@ against their code in ``tests/test_interop_layouts.py``:
   ``kimi-eagle-hidden/1``). Each shard holds, for its rows concatenated along tokens: ``input_ids`` int64
   [T], ``loss_mask`` uint8 [T], ``aux`` [T, 3H], ``final`` [T, H] (bf16, fp16 or fp32; or fp8 —
   float8_e4m3fn plus ``aux_scale`` [T, 3] and ``final_scale`` [T, 1], one fp32 absmax scale per token and
-  layer, :mod:`kimi_eagle.eagle3.quant`), ``offsets`` int64 [rows + 1] and ``row_index`` int64 [rows] (the
-  row's position in the input). Shard ``k`` covers input rows ``[k·shard_rows, (k+1)·shard_rows)``.
+  layer, :mod:`kimi_eagle.eagle3.quant`), ``offsets`` int64 [rows + 1], ``row_index`` int64 [rows] (the
+  row's position in the input) and ``layer_ids`` int64 [3] (the block ids it was extracted with, checked against
+  the manifest on read). Shard ``k`` covers input rows ``[k·shard_rows, (k+1)·shard_rows)``.
 * ``speculators``: one ``hs_{row}.safetensors`` per Arrow row of a ``kimi-eagle export-data --to
   speculators`` directory (``hs_{row}`` must be that dataset's row ``row``: speculators' ``ArrowDataset``
-  reads file ``i`` for row ``i``), holding ``token_ids`` int64 ``[T]`` and ``hidden_states`` ``[T, 4, H]``:
-  the three aux layers, then the last block's output **before** the final norm (vLLM's capture-before ids
-  ``[aux + 1..., n_layers]``; speculators' model applies the verifier's norm itself). bf16/fp16, or the FP8
-  variant of hs-connectors' ``FP8HiddenStatesConnector``: float8_e4m3fn ``hidden_states`` plus fp32
-  ``hidden_states_scales`` ``[T, 1, 1]``, one absmax scale per token over all four layers. Loss masks
-  are not in the files: they are the Arrow rows' ``loss_mask``.
+  reads file ``i`` for row ``i``), holding ``token_ids`` int64 ``[T]`` and ``hidden_states`` ``[T, n + 1, H]``:
+  the ``n`` aux layers (EAGLE-3's three; DFlash's set with ``extract --drafter dflash``, for speculators'
+  ``dflash``/``dspark``, conventionally in ``hidden_states_dflash``), then the last block's output **before** the
+  final norm (vLLM's capture-before ids ``[aux + 1..., n_layers]``; speculators' model applies the verifier's norm
+  itself). bf16/fp16, or the FP8 variant of hs-connectors' ``FP8HiddenStatesConnector``: float8_e4m3fn
+  ``hidden_states`` plus fp32 ``hidden_states_scales`` ``[T, 1, 1]``, one absmax scale per token over all its
+  layers. Loss masks are not in the files: they are the Arrow rows' ``loss_mask``.
 * ``specforge``: one ``torch.save`` dict per row, ``rows_{g}-{g+2000}/data_{idx}.ckpt`` (``g`` = ``idx``
   rounded down to a multiple of 2000), with ``input_ids`` and ``loss_mask`` int64 ``[T]``,
   ``hidden_state`` ``[1, T, H]`` (the last layer **after** the final norm: SpecForge's target head is the

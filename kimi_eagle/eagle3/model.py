@@ -462,11 +462,13 @@ def _load_state(model: nn.Module, state: dict, where: str) -> None:
 
 
 def load_drafter(path: str | Path, target_dir: str | Path | None = None) -> Eagle3Drafter:
-    """Load a native drafter, an exported SGLang/vLLM one, or a speculators EAGLE-3 checkpoint
+    """Load a native EAGLE-3 drafter (a DFlash one: :func:`kimi_eagle.eagle3.dflash.load_any_drafter`), an exported SGLang/vLLM one, or a speculators EAGLE-3 checkpoint
     (:mod:`.speculators_checkpoint`); embeddings a checkpoint lacks come from ``target_dir``."""
     path = Path(path)
     where = str(path / "config.json")
     raw = read_config_json(path / "config.json", "drafter config")
+    if raw.get("format") == "kimi-eagle-dflash/1":  # kimi_eagle.eagle3.dflash imports this module, not the reverse
+        raise ValueError(f"{path}: a DFlash block drafter, not an EAGLE-3 one (read it with kimi_eagle.eagle3.dflash.load_any_drafter)")
     if raw.get("format") == NATIVE_FORMAT:
         if not isinstance(raw.get("config"), dict):
             raise ValueError(f"{where}: `config` must be a JSON object")

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import pickle
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -51,26 +52,197 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------
+# safetensors headers, checked before a file is opened
+
+
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                      "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+SAFETENSORS_MAX_HEADER = 100 << 20  # the safetensors library's own limit on the JSON header
+
+
+class CorruptFile(ValueError):
+    """A hidden-state file whose bytes cannot be what its format or its manifest says (the message names it)."""
+
+
+def _tensor_span(name: str, info: Any, data_size: int) -> tuple[int, int, str]:
+    """``(start, end, name)`` of one header entry; ValueError saying what is wrong with it."""
+    label = repr(name[:60])
+    if not isinstance(info, dict):
+        raise ValueError(f"tensor {label}: its entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise ValueError(f"tensor {label}: unknown dtype {str(dtype)[:20]!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError(f"tensor {label}: shape {str(shape)[:60]} is not a list of sizes")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+        raise ValueError(f"tensor {label}: data_offsets {str(offsets)[:60]} are not [start, end]")
+    if offsets[1] > data_size:
+        raise ValueError(f"tensor {label}: data_offsets {offsets} run past the {data_size} data bytes (truncated?)")
+    n = SAFETENSORS_DTYPES[dtype]
+    for d in shape:
+        n *= d
+    if n != offsets[1] - offsets[0]:
+        raise ValueError(f"tensor {label}: shape {shape} of {dtype} needs {n} bytes, its offsets hold {offsets[1] - offsets[0]}")
+    return offsets[0], offsets[1], label
+
+
+def check_safetensors(path: str | Path) -> dict:
+    """The header of the safetensors file ``path``, checked before any tensor is read: a length prefix inside
+    the file and under :data:`SAFETENSORS_MAX_HEADER`, a JSON object, known dtypes, shapes whose bytes equal
+    their offsets, and offsets that tile the data section exactly (no overlap, no gap, nothing past the end:
+    a truncated file fails here). :class:`CorruptFile` (a ValueError) naming the file and what is wrong."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        n = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        raw = f.read(n) if 0 <= n <= min(SAFETENSORS_MAX_HEADER, size - 8) else b""
+    try:
+        if n < 0:
+            raise ValueError(f"{size} bytes: no 8-byte header length")
+        if n > SAFETENSORS_MAX_HEADER or n > size - 8:
+            raise ValueError(f"header length {n} is past the end of the {size}-byte file or the {SAFETENSORS_MAX_HEADER}-byte limit")
+        try:
+            header = json.loads(raw)
+        except ValueError:
+            raise ValueError("the header is not JSON") from None
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        spans = sorted(_tensor_span(k, v, size - 8 - n) for k, v in header.items() if k != "__metadata__")
+        end = 0
+        for start, stop, label in spans:
+            if start != end:
+                raise ValueError(f"tensor {label}: data_offsets start at {start}, not at {end} "
+                                 f"({'overlapping another tensor' if start < end else 'a gap before it'})")
+            end = stop
+        if end != size - 8 - n:
+            raise ValueError(f"the tensors cover {end} of the {size - 8 - n} data bytes")
+    except ValueError as e:
+        raise CorruptFile(f"{path}: not a valid safetensors file: {e}") from None
+    return header
+
+
+def check_finite(tensor: torch.Tensor, where: str) -> None:
+    """ValueError naming ``where`` when ``tensor`` holds NaN or ±Inf (hidden states a drafter must not train on)."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor.float() if tensor.element_size() == 1 else tensor).all()):
+        values = tensor.float()
+        n_nan, n_inf = int(torch.isnan(values).sum()), int(torch.isinf(values).sum())
+        raise ValueError(f"{where} holds {n_nan} NaN and {n_inf} Inf values; refusing to train on them "
+                         "(extract the rows again)")
+
+
+# ------------------------------------------------------------------------------------------
 # the kit's shards
 
 
-class HiddenStates:
-    """Memory-mapped reader of an extraction directory: ``len(hs)`` rows, ``hs[i]`` -> dict of tensors."""
+KIT_DTYPES = {"bf16": "BF16", "fp16": "F16", "fp32": "F32", "fp8": "F8_E4M3"}  # manifest dtype -> safetensors dtype
+KIT_SHARD = re.compile(r"^shard-\d{5}\.safetensors$")
 
-    def __init__(self, path: str | Path):
+
+def check_kit_manifest(manifest: Any, where: Path) -> dict:
+    """A kit manifest's fields :class:`HiddenStates` relies on (layer ids, sizes, dtype, shard entries with plain
+    file names, sizes and hashes); :class:`CorruptFile` naming the field otherwise."""
+    def bad(why: str) -> CorruptFile:
+        return CorruptFile(f"{where}: {why}; extract the hidden states again")
+
+    if not isinstance(manifest, dict):
+        raise bad("not a JSON object")
+    ids, h = manifest.get("layer_ids"), manifest.get("hidden_size")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise bad(f"layer_ids {str(ids)[:60]} are not block indices")
+    if not isinstance(h, int) or isinstance(h, bool) or h < 1:
+        raise bad(f"hidden_size {str(h)[:30]} is not a positive integer")
+    if manifest.get("dtype") not in KIT_DTYPES:
+        raise bad(f"dtype {str(manifest.get('dtype'))[:20]!r} is not one of {', '.join(KIT_DTYPES)}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        raise bad("shards is not a list")
+    for s in shards:
+        if (not isinstance(s, dict) or not isinstance(s.get("file"), str) or not KIT_SHARD.match(s["file"])
+                or not isinstance(s.get("ids"), list) or not isinstance(s.get("sha256"), str)
+                or not isinstance(s.get("bytes"), int)):
+            raise bad(f"shard entry {str(s)[:80]} lacks a shard-NNNNN.safetensors file, ids, sha256 or bytes")
+    return manifest
+
+
+def check_kit_shard(path: Path, entry: dict, manifest: dict, verify: bool = True) -> None:
+    """Shard ``path`` is the one ``entry`` of ``manifest`` recorded: its size and (``verify``) sha256, a valid
+    safetensors header (:func:`check_safetensors`) with the kit's tensors in the manifest's dtype and hidden size,
+    one offset per row, and an I64 ``layer_ids`` tensor of the manifest's length when it has one. :class:`CorruptFile`."""
+    if not path.is_file():
+        raise CorruptFile(f"{path}: missing (listed in {MANIFEST}); extract the hidden states again")
+    header = check_safetensors(path)
+    if path.stat().st_size != entry["bytes"] or (verify and sha256_file(path) != entry["sha256"]):
+        raise CorruptFile(f"{path}: its bytes differ from the sha256 {MANIFEST} recorded (a changed or truncated shard); "
+                          "extract again (`extract --resume` redoes it)")
+    h, dtype = manifest["hidden_size"], KIT_DTYPES[manifest["dtype"]]
+    t = (header.get("input_ids") or {}).get("shape", [None])[0]
+    n_aux = len(manifest.get("layer_ids") or (0, 1, 2))  # EAGLE-3: 3 target layers, DFlash: 5 (dflash_config)
+    want = {"input_ids": ("I64", [t]), "loss_mask": ("U8", [t]), "aux": (dtype, [t, n_aux * h]), "final": (dtype, [t, h]),
+            "offsets": ("I64", [len(entry["ids"]) + 1])}
+    if manifest["dtype"] == "fp8":
+        want.update(aux_scale=("F32", [t, n_aux]), final_scale=("F32", [t, 1]))
+    for name, (dt, shape) in want.items():
+        got = header.get(name)
+        if not isinstance(got, dict) or got.get("dtype") != dt or got.get("shape") != shape:
+            raise CorruptFile(f"{path}: tensor {name!r} is {_described(got)}, expected {dt} {shape} "
+                              f"(hidden_size {h}, {len(entry['ids'])} rows in {MANIFEST})")
+    if "layer_ids" in header and header["layer_ids"] != {**header["layer_ids"], "dtype": "I64", "shape": [n_aux]}:
+        raise CorruptFile(f"{path}: tensor 'layer_ids' is {_described(header['layer_ids'])}, expected I64 [{n_aux}]")
+
+
+def check_shard_layer_ids(f: Any, path: Path, manifest: dict) -> None:
+    """The layer ids a shard was extracted with (its ``layer_ids`` tensor; shards of older kits have none) are the
+    manifest's: an edited manifest never puts other block ids into a drafter's config (:class:`CorruptFile`)."""
+    if "layer_ids" in f.keys() and f.get_tensor("layer_ids").tolist() != list(manifest["layer_ids"]):
+        raise CorruptFile(f"{path.parent / MANIFEST}: layer_ids {manifest['layer_ids']} differ from the "
+                          f"{f.get_tensor('layer_ids').tolist()} {path.name} was extracted with (an edited manifest); "
+                          "restore it or extract again")
+
+
+def _described(info: Any) -> str:
+    return f"{info.get('dtype')} {info.get('shape')}" if isinstance(info, dict) else "missing"
+
+
+def check_offsets(offsets: list, n_tokens: int, path: Path) -> None:
+    """A shard's row offsets run from 0 to its token count without going back (:class:`CorruptFile` otherwise)."""
+    if not offsets or offsets[0] != 0 or offsets[-1] != n_tokens or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise CorruptFile(f"{path}: row offsets {str(offsets)[:60]} do not run from 0 to its {n_tokens} tokens")
+
+
+class HiddenStates:
+    """Memory-mapped reader of an extraction directory: ``len(hs)`` rows, ``hs[i]`` -> dict of tensors.
+
+    Opening checks the manifest and every shard before any tensor is read (:func:`check_kit_manifest`,
+    :func:`check_kit_shard`; ``verify``: also each shard's sha256 against the manifest's)."""
+
+    def __init__(self, path: str | Path, verify: bool = True):
         from safetensors import safe_open
 
         self.path = Path(path)
-        self.manifest = json.loads((self.path / MANIFEST).read_text())
+        try:
+            manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise CorruptFile(f"{self.path / MANIFEST}: not JSON ({str(e).splitlines()[0][:80]})") from None
+        self.manifest = check_kit_manifest(manifest, self.path / MANIFEST)
         self.layer_ids = tuple(self.manifest["layer_ids"])
         self.hidden_size = int(self.manifest["hidden_size"])
+        for s in self.manifest["shards"]:
+            check_kit_shard(self.path / s["file"], s, self.manifest, verify)
         self._files = [safe_open(str(self.path / s["file"]), framework="pt") for s in self.manifest["shards"]]
         self._index: list[tuple[int, int, int]] = []  # (file, start, end) per row
         self.row_ids: list[str] = []
         for k, (f, s) in enumerate(zip(self._files, self.manifest["shards"])):
             offsets = f.get_tensor("offsets").tolist()
+            check_offsets(offsets, int(f.get_slice("input_ids").get_shape()[0]), self.path / s["file"])
+            check_shard_layer_ids(f, self.path / s["file"], self.manifest)
             self._index.extend((k, a, b) for a, b in zip(offsets[:-1], offsets[1:]))
-            self.row_ids.extend(s["ids"])
+            self.row_ids.extend(str(i) for i in s["ids"])
+
+    def file_of(self, i: int) -> str:
+        """The file row ``i`` is read from."""
+        return self.manifest["shards"][self._index[i][0]]["file"]
 
     def __len__(self) -> int:
         return len(self._index)
@@ -110,6 +282,8 @@ def detect_layout(path: str | Path) -> tuple[str, Path]:
         if not d.is_dir():
             continue
         fmt = _own_manifest(d, any_format=True).get("format", "")
+        if not fmt and (d / MANIFEST).is_file() and any(KIT_SHARD.match(f.name) for f in d.iterdir()):
+            return "kimi", d  # kit shards beside an unreadable manifest: HiddenStates names what is wrong with it
         if fmt == LAYOUT_FORMAT:
             return _own_manifest(d)["layout"], d
         if str(fmt).startswith("kimi-eagle-hidden/"):
@@ -132,11 +306,38 @@ def open_hidden_states(path: str | Path, target: str | Path | None = None, rows:
     the layout names — its manifest's ``rows_source``, or the export directory it sits in)."""
     layout, hidden_dir = detect_layout(path)
     if layout == "kimi":
-        return HiddenStates(hidden_dir)
+        data = HiddenStates(hidden_dir)
+        if target is not None:
+            check_target_fits(data.manifest, hidden_dir / MANIFEST, target)
+        return data
     if target is None:
         raise ValueError(f"{path}: reading the {layout} layout needs the target directory")
     cls = SpeculatorsHiddenStates if layout == "speculators" else SpecForgeHiddenStates
     return cls(hidden_dir, target, rows=rows)
+
+
+def check_target_fits(manifest: dict, where: Path, target: str | Path) -> None:
+    """The manifest's layer ids, layer count and hidden size fit ``target`` (ValueError naming the field):
+    an edited or foreign manifest never puts block ids the target lacks into a drafter's config."""
+    cfg = _target_config(target)
+    n_layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    for key, want in (("n_layers", n_layers), ("hidden_size", hidden)):
+        if key in manifest and manifest[key] != want:
+            raise CorruptFile(f"{where}: {key} {manifest[key]} differs from the target's {want} ({target})")
+    try:
+        check_layer_ids(manifest["layer_ids"], n_layers, count=None)  # EAGLE-3's 3 or DFlash's set (dflash_config)
+    except ValueError as e:
+        raise CorruptFile(f"{where}: {e} (the target has {n_layers} blocks)") from None
+
+
+def check_hidden_finite(data: Any) -> None:
+    """Every row's ``aux`` and ``final`` of a hidden-state reader are finite; ValueError naming the file, the
+    row and the tensor of the first NaN/Inf (read row by row: one row in memory at a time)."""
+    for i in range(len(data)):
+        row = data[i]
+        for name in ("aux", "final"):
+            where = f"{data.path / data.file_of(i)}: row {data.row_ids[i]!r}, tensor {name!r},"
+            check_finite(row[name], where)
 
 
 def _own_manifest(hidden_dir: Path, any_format: bool = False) -> dict:
@@ -192,6 +393,13 @@ class _LayoutReader:
             if int(table.get("n_layers", self.n_layers)) == self.n_layers:
                 return check_layer_ids(table["kimi_block_output"], self.n_layers)
         return default_layer_ids(self.n_layers)
+
+    def file_of(self, i: int) -> str:
+        """The file row ``i`` is read from, relative to the directory."""
+        return str(self._path_at(i).relative_to(self.path))
+
+    def _path_at(self, i: int) -> Path:  # pragma: no cover - subclasses
+        raise NotImplementedError
 
     def _finish(self, names: dict[int, str]) -> None:
         self.row_ids = [names.get(k, str(k)) for k in self._keys]
@@ -261,6 +469,7 @@ class SpeculatorsHiddenStates(_LayoutReader):
                 self._skip(k, path.name, "missing: no hidden-state file for this row")
                 continue
             try:
+                check_safetensors(path)
                 with safe_open(str(path), framework="pt") as f:
                     keys = set(f.keys())
                     if not {"token_ids", "hidden_states"} <= keys:
@@ -274,13 +483,17 @@ class SpeculatorsHiddenStates(_LayoutReader):
             if token_ids.tolist() != row.input_ids:
                 self._skip(k, path.name, "token_ids disagree with the row's input_ids")
                 continue
-            if shape != (len(row.input_ids), 4, self.hidden_size):
+            layers = len(self.layer_ids) + 1  # the aux layers (EAGLE-3's 3, DFlash's set), then the last block
+            if shape != (len(row.input_ids), layers, self.hidden_size):
                 self._skip(k, path.name, f"malformed: hidden_states shape {list(shape)}, expected "
-                                         f"[{len(row.input_ids)}, 4, {self.hidden_size}]")
+                                         f"[{len(row.input_ids)}, {layers}, {self.hidden_size}]")
                 continue
             self._keys.append(k)
             self._lengths.append(len(row.input_ids))
         self._finish(row_names(self.path, export_dir) or {k: r.id for k, r in enumerate(self.rows)})
+
+    def _path_at(self, i: int) -> Path:
+        return speculators_path(self.path, self._keys[i])
 
     def stored(self, i: int) -> dict[str, torch.Tensor]:
         """The file of row ``i`` as stored (FP8 dequantized to float32 with its per-token scales)."""
@@ -299,7 +512,7 @@ class SpeculatorsHiddenStates(_LayoutReader):
         row = self.rows[self._keys[i]]
         return {"input_ids": data["token_ids"].to(torch.int64),
                 "loss_mask": torch.tensor(row.loss_mask, dtype=torch.uint8),
-                "aux": hs[:, :3].reshape(hs.shape[0], -1), "final": rms_norm(hs[:, 3], self._norm_weight, self._eps)}
+                "aux": hs[:, :-1].reshape(hs.shape[0], -1), "final": rms_norm(hs[:, -1], self._norm_weight, self._eps)}
 
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(input_ids, loss_mask)`` of every kept row, without reading hidden states."""
@@ -399,6 +612,9 @@ class SpecForgeHiddenStates(_LayoutReader):
             names = {k: r.id for k, r in enumerate(self.rows)}
         self._finish(names)
         self.manifest["rows_checked"] = self.rows is not None
+
+    def _path_at(self, i: int) -> Path:
+        return self._files[i]
 
     def _named_files(self) -> dict[int, Path]:
         """``{idx: path}`` of every ``data_{idx}.ckpt`` below the directory; other ``.ckpt`` names and

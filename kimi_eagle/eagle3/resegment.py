@@ -45,12 +45,16 @@ def split_positions(row: Row, positions: set[int], splits: dict[int, tuple[int, 
     return Row(row.id, ids, mask)
 
 
-def inject_rows(rows: Sequence[Row], tok: Tokenizer, rate: float, seed: int = 0) -> tuple[list[Row], dict]:
+def inject_rows(rows: Sequence[Row], tok: Tokenizer, rate: float, seed: int = 0, keep=None) -> tuple[list[Row], dict]:
     """The rows with ``round(rate · n)`` of their ``n`` completion tokens (drawn at random, over all rows,
     among the tokens that have a two-token split) each replaced by the split. Returns the rows and
     ``{rate, completion_tokens, split_tokens, achieved_rate, splittable_tokens}`` (achieved = split /
-    original completion tokens; below ``rate`` only when too few tokens can be split)."""
+    original completion tokens; below ``rate`` only when too few tokens can be split). ``keep``: an id filter
+    (e.g. ``id in id_map`` for a row-mapped tiny-kimi): only tokens that pass it, split into two halves that pass it (a
+    token the model has no row for is never split into two it has: its row stays refused as before)."""
     splits = two_token_splits(tok)
+    if keep is not None:
+        splits = {t: pair for t, pair in splits.items() if keep(t) and keep(pair[0]) and keep(pair[1])}
     candidates = [(i, t) for i, row in enumerate(rows) for t, (token, m) in enumerate(zip(row.input_ids, row.loss_mask))
                   if m and token in splits]
     n_completion = sum(sum(r.loss_mask) for r in rows)

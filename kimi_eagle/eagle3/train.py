@@ -29,7 +29,7 @@ import random
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Iterator, Sequence
@@ -42,7 +42,7 @@ from torch import nn
 
 from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.model import Eagle3Drafter, read_config_json, shift_left, target_tensor
-from kimi_eagle.eagle3.readers import open_hidden_states
+from kimi_eagle.eagle3.readers import check_hidden_finite, open_hidden_states
 from kimi_eagle.eagle3.row_space import id_space, target_id_map
 from kimi_eagle.io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
 
@@ -70,6 +70,9 @@ class TrainConfig:
     progress: bool = True
     online: bool = False  # compute the target's hidden states in each step instead of reading shards
     layer_ids: list[int] | None = None  # online only: aux block-output ids (default: EAGLE-3's)
+    drafter: str = "eagle3"  # "eagle3" (chain, training-time test) or "dflash" (block drafter, kimi_eagle.eagle3.dflash)
+    block_size: int = 8  # dflash only: anchor + mask tokens per block (kimi_eagle.eagle3.dflash_config.BLOCK_SIZE)
+    draft_layers: int = 1  # dflash only: decoder layers of the drafter
 
 
 # ------------------------------------------------------------------------------------------
@@ -84,6 +87,7 @@ class TTTLoss(nn.Module):
         self.drafter = drafter
         self.register_buffer("target_head", target_head, persistent=False)  # [Vd, H] rows of the target lm_head
         self.steps, self.step_weight = steps, step_weight
+        self.stat_rows = steps  # rows of the per-step statistics forward returns
 
     def forward(self, aux, input_ids, loss_mask, final):
         """Returns ``(loss, stats)``; ``stats[k] = (weighted CE sum, correct, supervised)`` of step k."""
@@ -244,11 +248,26 @@ def checkpoint_differences(state: dict, cfg: TrainConfig, fingerprint: str) -> l
     diffs = []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key, "unset"), now.get(key, "unset")
-        if key not in RUN_ONLY_SETTINGS and not _same_path(a, b):
+        added_later = key not in saved and key in TrainConfig.__dataclass_fields__ and b == TrainConfig.__dataclass_fields__[key].default
+        if key not in RUN_ONLY_SETTINGS and not added_later and not _same_path(a, b):  # a newer setting at its default: same run
             diffs.append(f"{key} {a!r} → {b!r}")
     if state.get("data_fingerprint") != fingerprint:
         diffs.append("the data changed" if state.get("data_fingerprint") else "the checkpoint records no data fingerprint")
     return diffs
+
+
+def extends(state: dict, cfg: TrainConfig, fingerprint: str) -> bool:
+    """``cfg`` asks for more steps of the checkpoint's run: the same settings and data but ``steps`` beyond the
+    checkpoint's step (``train --steps N`` on a finished run continues it to N)."""
+    saved_steps = (state.get("config") or {}).get("steps")
+    return (isinstance(saved_steps, int) and cfg.steps > int(state["step"])
+            and not checkpoint_differences(state, replace(cfg, steps=saved_steps), fingerprint))
+
+
+def extension_note(state: dict, cfg: TrainConfig) -> str:
+    """What a continued run says: from which step of how long a run, to how many steps."""
+    return (f"continuing a {state['config']['steps']}-step run from step {int(state['step'])} to {cfg.steps} steps "
+            f"(the learning-rate schedule from here is that of a {cfg.steps}-step run)")
 
 
 def run_folders(out: Path) -> Iterator[Path]:
@@ -271,9 +290,12 @@ def choose_start(cfg: TrainConfig, fingerprint: str) -> StartDecision:
         checkpoint = folder / "checkpoint" / "last.pt"
         if not checkpoint.exists():
             return StartDecision(folder, None, "; ".join(moved))
-        diffs = checkpoint_differences(load_checkpoint(checkpoint), cfg, fingerprint)
+        state = load_checkpoint(checkpoint)
+        diffs = checkpoint_differences(state, cfg, fingerprint)
         if not diffs:
             return StartDecision(folder, checkpoint, "; ".join(moved))
+        if extends(state, cfg, fingerprint):
+            return StartDecision(folder, checkpoint, "; ".join([*moved, extension_note(state, cfg)]))
         if cfg.resume:
             raise ResumeRefused(f"cannot resume {folder}: its checkpoint was trained with other settings "
                                 f"({', '.join(diffs)}); leave out --resume (resume=None) to start fresh in a new run folder, "
@@ -300,6 +322,20 @@ def lr_schedule(steps: int, warmup: float) -> Callable[[int], float]:
     return factor
 
 
+class NonFiniteLoss(ValueError):
+    """A training step whose loss is NaN or Inf: the run stops there (no checkpoint of that step, no drafter)."""
+
+
+def stop_on_nonfinite(loss: torch.Tensor, step: int, world: int = 1) -> None:
+    """Raise :class:`NonFiniteLoss` when ``loss`` (on any rank) is NaN or Inf, before it reaches the weights."""
+    finite = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
+    if world > 1:
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank stops together
+    if not bool(finite.item()):
+        raise NonFiniteLoss(f"step {step}: the loss is {float(loss.detach())} (NaN/Inf); training stopped "
+                            "before the step was applied, no drafter saved")
+
+
 def open_training_data(cfg: TrainConfig):
     """The rows ``cfg`` trains on: stored hidden states of any layout (kit shards, speculators or SpecForge
     files), or with ``cfg.online`` an :class:`~kimi_eagle.eagle3.online.OnlineHiddenStates` over rows."""
@@ -307,7 +343,9 @@ def open_training_data(cfg: TrainConfig):
         from kimi_eagle.eagle3.online import OnlineHiddenStates
 
         return OnlineHiddenStates(cfg.target, cfg.data, cfg.layer_ids)
-    return open_hidden_states(cfg.data, cfg.target)
+    data = open_hidden_states(cfg.data, cfg.target)
+    check_hidden_finite(data)  # issue 37: NaN/Inf hidden states are refused by file, row and tensor before step 1
+    return data
 
 
 def draft_vocabulary(data, size: int) -> draft_vocab.DraftVocab:
@@ -380,6 +418,15 @@ class Trainer:
         cfg = self.cfg
         target_config = SimpleNamespace(**read_config_json(Path(cfg.target) / "config.json", "target config"))  # no transformers import
         lm_head = target_tensor(cfg.target, "lm_head.weight")
+        if cfg.drafter == "dflash":
+            from kimi_eagle.eagle3.dflash import BlockSpec, build_dflash
+            from kimi_eagle.eagle3.dflash_config import mask_token_id
+
+            block = BlockSpec(cfg.block_size, mask_token_id(cfg.target), cfg.draft_layers)
+            return build_dflash(target_config, target_tensor(cfg.target, "embed_tokens.weight"), lm_head, self.vocab,
+                                self.data.layer_ids, block, cfg.step_weight, cfg.seed)
+        if cfg.drafter != "eagle3":
+            raise ValueError(f"unknown drafter {cfg.drafter!r}: eagle3 or dflash")
         drafter = Eagle3Drafter.from_target_weights(target_config, target_tensor(cfg.target, "embed_tokens.weight"),
                                                     lm_head, self.vocab, self.data.layer_ids, seed=cfg.seed)
         return drafter, TTTLoss(drafter, lm_head[self.vocab.draft_to_target].float(), cfg.ttt_steps, cfg.step_weight)
@@ -427,6 +474,7 @@ class Trainer:
         batch = collate(self.data.batch(rows) if self.cfg.online else [self.data[i] for i in rows])
         self.tokens += int(batch["input_ids"].numel())
         loss, stats = self.module(batch["aux"], batch["input_ids"], batch["loss_mask"], batch["final"])
+        stop_on_nonfinite(loss, self.step + 1, self.world)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
@@ -446,7 +494,7 @@ class Trainer:
             print(f"train: {self.start} in {self.out}" + (f" ({self.start_note})" if self.start_note else ""), file=sys.stderr)
         log = self._open_log() if self.rank == 0 else None
         bar = self._progress_bar() if self.rank == 0 and cfg.progress else None
-        window = torch.zeros(cfg.ttt_steps, 3)
+        window = torch.zeros(self.loss.stat_rows, 3)  # per unroll step (EAGLE-3) or block slot (DFlash)
         start = time.perf_counter()
         try:
             while self.step < end:

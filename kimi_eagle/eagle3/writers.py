@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Iterable, Protocol, Sequence
 
 import torch
 
+from kimi_eagle.assets import sha256_file
 from kimi_eagle.eagle3.hidden import Row, bytes_per_token
 from kimi_eagle.eagle3.layers import CONVENTION, speculators_layer_ids, trainer_layer_ids
 from kimi_eagle.eagle3.layouts import (
@@ -91,18 +94,20 @@ class RowStates:
 
 
 def speculators_payload(token_ids: Sequence[int], aux: torch.Tensor, last_pre_norm: torch.Tensor, dtype: str) -> bytes:
-    """One ``hs_{row}.safetensors``: ``token_ids`` int64 [T], ``hidden_states`` [T, 4, H] (aux layers, then the
-    last block's pre-norm output) in ``dtype``; ``fp8``: float8_e4m3fn plus ``hidden_states_scales`` fp32
-    [T, 1, 1] (absmax over the token's four layers, :func:`kimi_eagle.eagle3.quant.quantize_fp8`: the values and
-    scales of hs-connectors' ``quantize_tensor_to_fp8``, except that an all-zero token gets scale 1, not 1e-12)."""
+    """One ``hs_{row}.safetensors``: ``token_ids`` int64 [T], ``hidden_states`` [T, n + 1, H] (the ``n`` aux layers
+    — EAGLE-3's 3, DFlash's set — then the last block's pre-norm output) in ``dtype``; ``fp8``: float8_e4m3fn plus
+    ``hidden_states_scales`` fp32 [T, 1, 1] (absmax over the token's layers, :func:`kimi_eagle.eagle3.quant.quantize_fp8`:
+    the values and scales of hs-connectors' ``quantize_tensor_to_fp8``, except that an all-zero token gets scale 1,
+    not 1e-12)."""
     from safetensors.torch import save
 
     t, h = last_pre_norm.shape
-    stacked = torch.cat([aux.float().reshape(t, 3, h), last_pre_norm.float().reshape(t, 1, h)], dim=1)
+    n = aux.shape[-1] // h + 1
+    stacked = torch.cat([aux.float().reshape(t, n - 1, h), last_pre_norm.float().reshape(t, 1, h)], dim=1)
     tensors = {"token_ids": torch.tensor(list(token_ids), dtype=torch.int64)}
     if dtype == "fp8":
-        values, scales = quantize_fp8(stacked.reshape(t, 4 * h), 4 * h)
-        tensors.update(hidden_states=values.reshape(t, 4, h).contiguous(), **{SCALES_KEY: scales.reshape(t, 1, 1).contiguous()})
+        values, scales = quantize_fp8(stacked.reshape(t, n * h), n * h)
+        tensors.update(hidden_states=values.reshape(t, n, h).contiguous(), **{SCALES_KEY: scales.reshape(t, 1, 1).contiguous()})
     else:
         tensors["hidden_states"] = stacked.to(STORE_DTYPES[dtype]).contiguous()
     return save(tensors)
@@ -178,7 +183,24 @@ class KitWriter:
         self.manifest = previous if previous is not None else {
             **settings, "n_rows": len(rows), "skipped": list(self.skipped), "shards": []}
         self.manifest["long_rows"] = long_rows
-        self.manifest["shards"] = [s for s in self.manifest["shards"] if (self.out / s["file"]).exists()]
+        self.manifest["shards"] = [s for s in self.manifest["shards"] if self._intact(s)]
+
+    def _intact(self, entry: dict) -> bool:
+        """A finished shard of an earlier run is kept only when its bytes are the ones its manifest entry recorded
+        (size and sha256); a changed, truncated or missing one is redone, named in the manifest's ``redone``."""
+        name = entry.get("file")
+        if not isinstance(name, str) or not re.fullmatch(r"shard-\d{5}\.safetensors", name):
+            return False  # not a name this writer gives: never a path to remove
+        path = self.out / name
+        if not path.is_file():
+            return False
+        if path.stat().st_size == entry.get("bytes") and sha256_file(path) == entry.get("sha256"):
+            return True
+        self.manifest.setdefault("redone", []).append(
+            {"file": path.name, "reason": "its bytes differ from the sha256 the manifest recorded; extracted again"})
+        warnings.warn(f"{path}: changed since it was written (sha256 differs); extracting it again", stacklevel=2)
+        path.unlink()
+        return False
 
     def pending(self, rows: Sequence[Row], too_long: set[int]) -> list[WorkUnit]:
         """The shards not written yet."""
@@ -193,7 +215,8 @@ class KitWriter:
         from safetensors.torch import save
 
         tensors = kit_shard_tensors(rows, unit.positions, dict(states), self.facts, self.batch_dtype)
-        data = save(tensors, metadata={"format": KIT_FORMAT})
+        tensors["layer_ids"] = torch.tensor(list(self.facts.layer_ids), dtype=torch.long)  # checked against the manifest on read
+        data = save(tensors, metadata={"format": KIT_FORMAT})  # one metadata key: a shard's bytes are deterministic
         name = kit_shard_name(unit.key)
         write_bytes(self.out / name, data)
         self.manifest["shards"].append({
@@ -273,9 +296,28 @@ class TrainerLayoutWriter(ABC):
 
     def pending(self, rows: Sequence[Row], too_long: set[int]) -> list[WorkUnit]:
         """Chunks of the rows whose file does not exist yet."""
-        todo = [k for k in range(len(rows)) if k not in too_long and not self.file_of(k).exists()]
+        todo = [k for k in range(len(rows)) if k not in too_long and not self._usable(self.file_of(k))]
         return [WorkUnit(i // self.chunk_rows, 0, 0, todo[i : i + self.chunk_rows])
                 for i in range(0, len(todo), self.chunk_rows)]
+
+    def _usable(self, path: Path) -> bool:
+        """An earlier run's file is kept when it reads as its layout (:meth:`check_file`); a torn or changed one is
+        removed, named in the manifest's ``redone``, and extracted again."""
+        if not path.exists():
+            return False
+        try:
+            self.check_file(path)
+            return True
+        except Exception as e:  # noqa: BLE001 - whatever makes a file unreadable, it is redone
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            self.manifest.setdefault("redone", []).append({"file": path.name, "reason": reason})
+            warnings.warn(f"{path}: unreadable ({reason}); extracting it again", stacklevel=2)
+            path.unlink()
+            return False
+
+    @abstractmethod
+    def check_file(self, path: Path) -> None:
+        """Raise when the file at ``path`` does not read as this layout's file."""
 
     def write(self, unit: WorkUnit, rows: Sequence[Row], states: Iterable[tuple[int, RowStates]]) -> None:
         """Write each row's file as soon as its batch is done."""
@@ -314,7 +356,12 @@ class SpeculatorsWriter(TrainerLayoutWriter):
         return speculators_payload(row.input_ids, states.aux, states.pre_norm, self.facts.dtype)
 
     def trainer_layer_ids(self) -> list[int]:
-        return speculators_layer_ids(self.facts.layer_ids, self.facts.n_layers)
+        return speculators_layer_ids(self.facts.layer_ids, self.facts.n_layers, count=None)
+
+    def check_file(self, path: Path) -> None:
+        from kimi_eagle.eagle3.readers import check_safetensors
+
+        check_safetensors(path)
 
 
 class SpecForgeWriter(TrainerLayoutWriter):
@@ -334,6 +381,14 @@ class SpecForgeWriter(TrainerLayoutWriter):
 
     def trainer_layer_ids(self) -> list[int]:
         return trainer_layer_ids(self.facts.layer_ids, self.facts.n_layers, "specforge")
+
+    def check_file(self, path: Path) -> None:
+        from kimi_eagle.eagle3.readers import load_specforge_file
+
+        data = load_specforge_file(path)
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), torch.Tensor) for k in
+                                                 ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")):
+            raise ValueError("not a SpecForge record of tensors")
 
 
 WRITERS: dict[str, type[KitWriter] | type[TrainerLayoutWriter]] = {

@@ -231,3 +231,26 @@ def unexplained_finding(rows: list[dict[str, Any]]) -> str | None:
     return (f"{len(bad)} provider table entr{'y' if len(bad) == 1 else 'ies'} explain the billed counts by no known "
             f"server variant (billed - reconstructed): {names}. Their rows are reconstructed from their group's own "
             "evidence; their counts are not proof of their IDs.")
+
+
+def auto_serving_options(path: str | os.PathLike, output: str | os.PathLike, tok: Tokenizer,
+                         format_name: str = "kimi-k2.5", table: str | os.PathLike | None = None,
+                         overrides: dict[str, Any] | None = None, keep_tool_ids: bool = False,
+                         always_write: bool = False) -> tuple[ReconstructOptions, str, list[str]]:
+    """``--serving auto`` for the JSONL file ``path`` reconstructed to ``output``: the provider ``table``'s entries
+    (:func:`table_use`; None: no table), then each remaining group's choice (:func:`choose_for_file`). Returns the
+    job's completion options and tool declaration, and one line per entry and group; writes the evidence to
+    ``OUTPUT.serving.json`` when anything other than ``template`` was chosen (or ``always_write``)."""
+    uses = table_use(path, table, format_name) if table else []
+    choices = choose_for_file(path, tok, format_name, table=table)
+    from kimi_eagle.chat.serving_choice import describe
+
+    # a provider without an entry is listed in the JSON; its line is its group's (no second line saying so)
+    lines = [describe_use(u) for u in uses if u["status"] != "none"] + [describe(c) for c in choices]
+    if always_write or any(c["profile"] != "template" for c in choices) or any(u["applied"] for u in uses):
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        with open(f"{output}.serving.json", "w", encoding="utf-8") as f:
+            json.dump({"rule": "auto", "provider_table": str(table) if table else None, "summary": lines,
+                       "table": uses, "groups": choices}, f, indent=1)
+    options, tool_declaration = auto_options(choices, overrides, keep_tool_ids)
+    return replace(options, provider_table=str(table) if table else None), tool_declaration, lines

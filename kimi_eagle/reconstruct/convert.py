@@ -351,10 +351,13 @@ def _convert_file(source_name: str, in_path: str | os.PathLike | None, out_path:
         raise ValueError(f"limit must be a positive integer, not {limit!r}")
     if Path(out_path).is_dir():
         raise ValueError(f"output {out_path} is a folder; give the path of the JSONL file to write")
+    from kimi_eagle.reconstruct.job import output_lock
+
     records = _convert(source_name, in_path)
     first = next(records, None)  # the input's checks run before the output is opened
     n, errors = 0, []
-    with atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    # one run per output (``.OUT.lock``, as reconstruct holds): a second convert on it is refused while one runs
+    with output_lock(Path(out_path)), atomic_path(out_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for index, record in itertools.chain([first] if first else [], records):
             if limit is not None and index >= limit:
                 break

@@ -110,13 +110,42 @@ def _table(rows: list[dict[str, Any]], schema: "Any") -> "Any":
     return pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in schema}, schema=schema)
 
 
-def write_shard(table: "Any", path: Path) -> None:
-    """A finished shard as an Arrow IPC file, atomically (written and read back at memory speed)."""
-    import pyarrow as pa
+SHARD_SUM = ".xxh3"  # beside each finished shard: the xxh3-128 of its bytes, checked before a resumed run reuses it
 
+
+def write_shard(table: "Any", path: Path) -> None:
+    """A finished shard as an Arrow IPC file, atomically (written and read back at memory speed), then the
+    xxh3-128 of its bytes beside it (``NAME.xxh3``): a shard counts as finished only with a matching sum."""
+    import pyarrow as pa
+    import xxhash
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue()
     with atomic_path(path) as tmp:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+        tmp.write_bytes(memoryview(data))
+    with atomic_path(path.with_name(path.name + SHARD_SUM)) as tmp:
+        tmp.write_text(xxhash.xxh3_128_hexdigest(memoryview(data)))
+
+
+def intact_shards(parts: Path) -> set[int]:
+    """The finished shards in ``parts`` a resumed run may reuse: those whose bytes match the sum written beside
+    them. A shard changed since (edited, truncated, its sum missing) is removed, named on stderr, and made again."""
+    import xxhash
+
+    done = set()
+    for p in sorted(parts.glob("shard-" + "[0-9]" * 6 + ".arrow")):
+        sum_path = p.with_name(p.name + SHARD_SUM)
+        recorded = sum_path.read_text().strip() if sum_path.is_file() else None
+        if recorded is not None and xxhash.xxh3_128_hexdigest(p.read_bytes()) == recorded:
+            done.add(int(p.stem.split("-")[1]))
+            continue
+        why = "its bytes differ from the xxh3-128 recorded beside it" if recorded is not None else "no recorded sum"
+        print(f"reconstruct: {p} is not the shard that was written ({why}); reconstructing it again", file=sys.stderr)
+        p.unlink()
+        sum_path.unlink(missing_ok=True)
+    return done
 
 
 def read_shard(path: Path) -> "Any":
@@ -397,7 +426,7 @@ def refuse_foreign_parts(parts: Path) -> None:
     ``shard-NNNNNN.arrow`` and their temporary files): a user's folder of that name is never deleted."""
     if not parts.is_dir() or parts.is_symlink():
         raise ValueError(f"{parts} exists and is not reconstruct's shard folder; move it away")
-    own = re.compile(r"(manifest\.json|shard-\d{6}\.arrow)(\..*\.tmp|\.tmp.*)?|\..*\.tmp")
+    own = re.compile(r"(manifest\.json|shard-\d{6}\.arrow(\.xxh3)?)(\..*\.tmp|\.tmp.*)?|\..*\.tmp")
     foreign = sorted(p.name for p in parts.iterdir() if p.is_dir() or not own.fullmatch(p.name))
     if foreign:
         raise ValueError(f"{parts} holds files reconstruct did not write ({', '.join(foreign[:3])}"
@@ -671,7 +700,7 @@ def _scan_and_run(in_path: Path, out_path: Path, where: tuple[str, str], job: Jo
     for stale in [*parts.glob("*.tmp*"), *out_path.parent.glob(f".{out_path.name}.*.tmp")]:
         stale.unlink()  # left by a killed write
     run = _FileRun(in_path, parts, scan, job, (tokenizer_dir, format_name, None if resuming else mpath))
-    run.done = {int(p.stem.split("-")[1]) for p in parts.glob(shard_name(0).replace("000000", "*"))}
+    run.done = intact_shards(parts)  # issue 37: an edited or truncated shard is redone, never trusted
     run.bar = tqdm(total=None, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)
     with atomic_path(out_path) as tmp, _Merger(parts, tmp) as merger:
         if pool is None:

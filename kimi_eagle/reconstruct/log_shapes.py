@@ -22,6 +22,9 @@ import hashlib
 import json
 from typing import Any
 
+from kimi_eagle.reconstruct.stream import MAX_CHOICES
+from kimi_eagle.reconstruct.usage import usage_shape_problem
+
 RESPONSE_KEYS = ("response", "completion")
 RECORD_KEYS = ("id", "dataset", "request", "error", "id_from", *RESPONSE_KEYS)  # not request fields when flat
 ACCEPTED = ("{request, response}", "{model, messages, tools?, response} (request fields beside the response)")
@@ -61,11 +64,32 @@ def _request(item: dict, response: dict) -> dict:
     return request
 
 
+def response_shape_problem(response: dict) -> str | None:
+    """Why a logged response's choices or usage cannot be read as they are (see the module docstring), or None."""
+    choices = response.get("choices")
+    seen: set[int] = set()
+    for i, choice in enumerate(choices if isinstance(choices, list) else []):
+        if not isinstance(choice, dict):
+            return f"choices[{i}] is a {type(choice).__name__}, not an object"
+        index = choice.get("index", i)
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < MAX_CHOICES or index in seen:
+            shown = json.dumps(index)[:40] if index is None or isinstance(index, (bool, int, float, str)) else type(index).__name__
+            return f"choices[{i}].index is {shown}: not an integer 0..{MAX_CHOICES - 1} used once"
+        seen.add(index)
+        logprobs = choice.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, dict):
+            return f"choices[{i}].logprobs is a {type(logprobs).__name__}, not an object"
+    return usage_shape_problem(response.get("usage"))
+
+
 def api_record_from_log(item: Any, dataset: str | None = None) -> dict:
     """``{"id", "dataset"?, "request", "response", "id_from"?}`` of one logged completion (see the module)."""
     if not isinstance(item, dict):
         raise LogShapeError(f"a logged completion is a JSON object, not a {type(item).__name__}")
     response = _response(item)
+    problem = response_shape_problem(response)
+    if problem:
+        raise LogShapeError(problem)
     request = _request(item, response)
     record: dict[str, Any] = {}
     rid = item.get("id")

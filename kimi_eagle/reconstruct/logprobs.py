@@ -14,7 +14,9 @@ the rendered completion's bytes (a final end-of-turn token the entries leave out
 token, is taken from the rendering), and every segment boundary of the rendering must fall between two of
 them. If so the row's ``completion_ids`` are the logprob IDs (``ids_source: "logprobs"``), segment token spans
 recomputed from byte offsets; if not, the text IDs stay (``ids_source: "text"``) with the flag
-``logprobs_unreadable`` (an entry that maps to no token) or ``logprobs_mismatch`` (the bytes disagree).
+``logprobs_unreadable`` (an entry that maps to no token), ``logprobs_mismatch`` (the bytes disagree) or
+``logprobs_conflict`` (an entry's ``token`` text contradicts its own ``bytes``, even for a special token such as
+``<|im_end|>``: which one was sampled is unknown, so neither is used).
 """
 from __future__ import annotations
 
@@ -26,11 +28,16 @@ from kimi_eagle.chat.completion import Span
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 IDS_SOURCES = ("logprobs", "text")
-LOGPROB_FLAGS = ("logprobs_unreadable", "logprobs_mismatch")
+LOGPROB_FLAGS = ("logprobs_unreadable", "logprobs_mismatch", "logprobs_conflict")
 
 
 class LogprobError(ValueError):
     """Logprob entries that do not map to token IDs (the message says which entry and why)."""
+
+
+class LogprobConflict(LogprobError):
+    """A logprob entry whose ``token`` text and ``bytes`` name different text (which one the model sampled is
+    unknown: neither is used)."""
 
 
 def logprob_entries(response: Any) -> list | None:
@@ -51,11 +58,20 @@ def _entry_bytes(entry: dict, k: int) -> bytes | None:
     return bytes(raw)
 
 
+def _text_spells(text: str, raw: bytes) -> bool:
+    """Whether an entry's ``token`` text can be the text of its ``bytes``: their UTF-8, their decoding with
+    replacement characters (a token holding part of a character), or OpenAI's ``bytes:\\xNN`` spelling."""
+    return (text.encode("utf-8", "surrogatepass") == raw or text == raw.decode("utf-8", "replace")
+            or text.startswith("bytes:"))
+
+
 def entry_id(entry: Any, k: int, tok: Tokenizer) -> int:
     """The token ID of logprob entry ``k`` (see the module docstring for the rules)."""
     if not isinstance(entry, dict):
         raise LogprobError(f"logprobs entry {k} is not an object")
     text, raw = entry.get("token"), _entry_bytes(entry, k)
+    if isinstance(text, str) and raw is not None and not _text_spells(text, raw):
+        raise LogprobConflict(f"logprobs entry {k}: token {text[:40]!r} contradicts its bytes {raw[:40]!r}")
     if isinstance(text, str) and text in tok.special_id_by_text and (raw is None or raw == text.encode("utf-8")):
         return tok.special_id_by_text[text]
     if raw is None:
@@ -101,6 +117,8 @@ def prefer_logprob_ids(response: Any, tok: Tokenizer, text_ids: list[int],
         return text_ids, spans, "text", []
     try:
         ids = logprob_ids(entries, tok)
+    except LogprobConflict:
+        return text_ids, spans, "text", ["logprobs_conflict"]
     except LogprobError:
         return text_ids, spans, "text", ["logprobs_unreadable"]
     text_ids = text_ids.tolist() if hasattr(text_ids, "tolist") else text_ids  # a packing encoder's numpy IDs

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from kimi_eagle.chat.completion import CompletionOptions
+from kimi_eagle.data_kinds import REAL
 from kimi_eagle.io import disjoint_union
 from kimi_eagle.reconstruct.record import convention_flags
 
@@ -34,11 +35,12 @@ def reconstruct_metrics(rows: pd.DataFrame, timings: dict[str, float], format_na
     """The run's settings, row counts per dataset and overall, the rows each convention flag
     (:func:`~kimi_eagle.reconstruct.record.convention_flags`) marks, and the completion tokens per second.
 
-    ``timings``: seconds each dataset's reconstruction took, keyed by dataset in run order.
+    ``timings``: seconds each dataset's reconstruction took, keyed by dataset in run order. ``data`` is ``real``:
+    the bundled datasets are real conversations, reconstructed with the real Kimi tokenizer and template.
     """
     summary = dataset_summary(rows)
     return disjoint_union(
-        {"format": format_name, "tool_declaration": tool_declaration, "limit": limit},
+        {"data": REAL, "format": format_name, "tool_declaration": tool_declaration, "limit": limit},
         {"datasets": {name: {k: int(v) for k, v in summary.loc[name].items()} for name in summary.index},
          "records": int(len(rows)), "ok": int((rows.status == "ok").sum()), "errors": int((rows.status == "error").sum())},
         {"tool_ids": options.tool_id_policy, "omit_think_end_before_tools": options.omit_think_end_before_tools},

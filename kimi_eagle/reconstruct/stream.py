@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from kimi_eagle.io import MAX_DEPTH, json_depth
+
 DONE = "[DONE]"
 TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
 TOP_ORDER = ("id", "provider", "model", "object", "created", "choices")  # then others first-seen, ``usage`` last
@@ -53,53 +55,76 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    """Incremental SSE parser: ``feed(bytes)`` returns the events completed so far; ``close()`` the last one."""
+    """Incremental SSE parser: ``feed(bytes)`` returns the events completed so far; ``close()`` the last one.
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    Linear in what it reads: each byte is scanned for a line end once (a line still open is kept as a list of
+    pieces, joined once when it ends), and whether an event is already a complete JSON value is asked only of its
+    first line (a logged stream puts one JSON value on each ``data:`` line). A UTF-8 byte-order mark before the
+    first line is skipped. ``loose``: a line that is a JSON object on its own (a request logged between the
+    events of a stream log) is an event of its own instead of an unknown field."""
+
+    def __init__(self, loose: bool = False) -> None:
+        self._pieces: list[bytes] = []
+        self._after_cr = False  # the last byte fed was a CR: a LF right after it ends nothing more
+        self._started = False
         self._data: list[str] = []
+        self._complete = False  # the event so far is one ``data:`` line holding a complete JSON value
+        self.loose = loose
         self.comments = 0
 
     def feed(self, data: bytes) -> list[SSEEvent]:
-        buffer = self._buffer + data
         events: list[SSEEvent] = []
+        if self._after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        self._after_cr = data.endswith(b"\r")
         pos = 0
-        for m in _EOL.finditer(buffer):
-            if m.group() == b"\r" and m.end() == len(buffer):  # a CR may be half a CRLF: wait for the next byte
-                break
-            self._line(buffer[pos:m.start()].decode("utf-8", "surrogateescape"), events)
+        for m in _EOL.finditer(data):
+            self._pieces.append(data[pos:m.start()])
+            self._take(b"".join(self._pieces), events)
+            self._pieces = []
             pos = m.end()
-        self._buffer = buffer[pos:]
+        if pos < len(data):
+            self._pieces.append(data[pos:])
         return events
 
     def close(self) -> list[SSEEvent]:
         events: list[SSEEvent] = []
-        if self._buffer:
-            self._line(self._buffer.decode("utf-8", "surrogateescape"), events)
-            self._buffer = b""
+        if self._pieces:
+            self._take(b"".join(self._pieces), events)
+            self._pieces = []
         self._dispatch(events)
         return events
+
+    def _take(self, raw: bytes, events: list[SSEEvent]) -> None:
+        if not self._started:
+            self._started, raw = True, raw.removeprefix(b"\xef\xbb\xbf")
+        self._line(raw.decode("utf-8", "surrogateescape"), events)
 
     def _line(self, line: str, events: list[SSEEvent]) -> None:
         if not line:
             self._dispatch(events)
         elif line.startswith(":"):
-            if self._data and _complete_json("\n".join(self._data)):
+            if self._complete:
                 self._dispatch(events)  # keep the order of a logged stream without blank lines
             self.comments += 1
             events.append(SSEEvent(None, line[1:].strip()))
+        elif self.loose and line.startswith("{"):
+            self._dispatch(events)
+            events.append(SSEEvent(line))
         else:
             name, _, value = line.partition(":")
             if name == "data":
                 value = value[1:] if value.startswith(" ") else value
-                if self._data and _complete_json("\n".join(self._data)):
+                if self._complete:
                     self._dispatch(events)  # a logged stream without the blank line between events
                 self._data.append(value)
+                self._complete = len(self._data) == 1 and _complete_json(value)
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
         if self._data:
             events.append(SSEEvent("\n".join(self._data)))
             self._data = []
+        self._complete = False
 
 
 def _complete_json(text: str) -> bool:
@@ -109,6 +134,8 @@ def _complete_json(text: str) -> bool:
         json.loads(text)
     except ValueError:
         return False
+    except RecursionError:
+        return True  # a whole value, nested too deep: its event is refused by name where it is read
     return True
 
 
@@ -126,15 +153,30 @@ def _concat(old: Any, new: Any, where: str) -> Any:
     return new if old is None else old + new
 
 
-def _merge_indexed(items: list[dict], fragments: Any, where: str, text_keys: tuple[str, ...]) -> None:
-    """Merge ``fragments`` (a list of dicts, each with an optional ``index``) into ``items`` in place."""
+def _target(items: list[dict], frag: dict, by_id: bool) -> dict | None:
+    """The item a fragment continues: the one with its ``index``; without an index (``by_id``: tool calls), the
+    one with its ``id``, a fragment with a new id starting a new one, and one with neither continuing the last."""
+    index = frag.get("index")
+    if index is not None:
+        return next((it for it in items if it.get("index") == index), None)
+    if not by_id:
+        return None
+    fid = frag.get("id")
+    if not _blank(fid):
+        return next((it for it in items if it.get("id") == fid), None)
+    return items[-1] if items else None
+
+
+def _merge_indexed(items: list[dict], fragments: Any, where: str, text_keys: tuple[str, ...],
+                   by_id: bool = False) -> None:
+    """Merge ``fragments`` (a list of dicts, each with an optional ``index``) into ``items`` in place (see
+    :func:`_target` for a fragment without an index)."""
     if not isinstance(fragments, list):
         raise StreamError(f"{where}: expected a list, got {type(fragments).__name__}")
     for frag in fragments:
         if not isinstance(frag, dict):
             raise StreamError(f"{where}: expected objects, got {type(frag).__name__}")
-        index = frag.get("index")
-        target = next((it for it in items if index is not None and it.get("index") == index), None)
+        target = _target(items, frag, by_id)
         if target is None:
             items.append(target := {})
         for key, value in frag.items():
@@ -191,7 +233,7 @@ class _Choice:
             elif key == "tool_calls":
                 self.message.setdefault(key, None)
                 if value is not None:
-                    _merge_indexed(self.tool_calls, value, f"{where}.delta.tool_calls", ())
+                    _merge_indexed(self.tool_calls, value, f"{where}.delta.tool_calls", (), by_id=True)
             elif key == "reasoning_details":
                 self.message.setdefault(key, None)
                 if value is not None:
@@ -208,6 +250,28 @@ class _Choice:
             message["reasoning_details"] = self.details
         fields = {**self.fields, "message": _ordered(message, MESSAGE_ORDER)}
         return _ordered(fields, CHOICE_ORDER)
+
+
+MAX_CHOICES = 1024  # a choice index is an integer 0 <= i < MAX_CHOICES (OpenAI's ``n`` is at most 128)
+
+
+def _choice_index(choice: Any, n_choices: int, where: str) -> int:
+    """The ``index`` of one streamed choice (0 when the chunk has one choice without it); refused by name when it
+    is not an integer in ``0 .. MAX_CHOICES - 1`` (never coerced)."""
+    index = choice.get("index", 0 if n_choices == 1 else None) if isinstance(choice, dict) else None
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise StreamError(f"{where}: a choice needs an integer index")
+    if not 0 <= index < MAX_CHOICES:
+        raise StreamError(f"{where}: choice index {str(index)[:40]} is outside 0..{MAX_CHOICES - 1}")
+    return index
+
+
+def _grows(old: Any, new: Any) -> bool:
+    """A count (or object of counts) that only grew: what cumulative usage reports look like."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return all(k in new and _grows(v, new[k]) for k, v in old.items())
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, new))
+    return numbers and new >= old
 
 
 def _merge_logprobs(old: Any, new: Any, where: str) -> Any:
@@ -237,12 +301,15 @@ class StreamAssembler:
         self.choices: dict[int, _Choice] = {}
         self.chunks = 0
         self.error: Any = None  # the ``error`` of a mid-stream error event
+        self.usage_conflict: str | None = None  # two usage reports that disagree (the fuller one is kept)
 
     def add(self, chunk: Any) -> None:
         where = f"chunk {self.chunks}"
         self.chunks += 1
         if not isinstance(chunk, dict):
             raise StreamError(f"{where}: expected a JSON object, got {type(chunk).__name__}")
+        if json_depth(chunk) > MAX_DEPTH:
+            raise StreamError(f"{where}: nested more than {MAX_DEPTH} levels deep")
         if chunk.get("error") is not None:
             self.error = chunk["error"]
         for key, value in chunk.items():
@@ -252,7 +319,7 @@ class StreamAssembler:
                 self.top.setdefault("choices", None)
                 self._choices(value, where)
             elif key == "usage":
-                self.top[key] = value if value is not None else self.top.get(key)
+                self.top[key] = self._usage(self.top.get(key), value, where)
             elif key == "object":
                 self.top.setdefault(key, "chat.completion")
             elif self.top.get(key) is None:
@@ -262,10 +329,44 @@ class StreamAssembler:
         if not isinstance(choices, list):
             raise StreamError(f"{where}.choices: expected a list, got {type(choices).__name__}")
         for i, choice in enumerate(choices):
-            index = choice.get("index", 0 if len(choices) == 1 else None) if isinstance(choice, dict) else None
-            if not isinstance(index, int) or isinstance(index, bool):
-                raise StreamError(f"{where}.choices[{i}]: a choice needs an integer index")
+            index = _choice_index(choice, len(choices), f"{where}.choices[{i}]")
             self.choices.setdefault(index, _Choice()).add(choice, f"{where}.choices[{i}]")
+
+    def continues_finished(self, chunk: Any) -> bool:
+        """Whether ``chunk`` carries new text or calls for a choice that has already finished (an empty delta, a bare
+        ``role`` or a usage chunk after the finish does not: OpenRouter's usage chunk repeats ``{"role": "assistant",
+        "content": ""}``). Not by itself another answer: some providers send ``finish_reason`` with each tool call;
+        a stream log reads it so only after ``[DONE]`` or a newer request (:mod:`kimi_eagle.reconstruct.stream_log`)."""
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        if not isinstance(choices, list):
+            return False
+        for choice in choices:
+            index = choice.get("index", 0 if len(choices) == 1 else None) if isinstance(choice, dict) else None
+            done = self.choices.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if done is not None and done.fields.get("finish_reason") is not None and isinstance(delta, dict) and any(
+                    not _blank(v) and v != [] for k, v in delta.items() if k != "role"):
+                return True
+        return False
+
+    def _usage(self, old: Any, new: Any, where: str) -> Any:
+        """The usage after another report: a partial one fills the fuller one's gaps; a growing one (the same
+        fields, counts not smaller: cumulative usage) replaces it; one that disagrees is flagged, the fuller kept."""
+        if new is None:
+            return old
+        if not isinstance(new, dict):
+            raise StreamError(f"{where}.usage: expected an object, got {type(new).__name__}")
+        if not isinstance(old, dict):
+            return new
+        clash = sorted(k for k, v in new.items() if v is not None and old.get(k) is not None and old[k] != v)
+        if not clash:
+            return {**old, **{k: v for k, v in new.items() if v is not None}}
+        if set(new) == set(old) and all(_grows(old[k], new[k]) for k in clash):
+            return new
+        fuller, other = (new, old) if len(new) >= len(old) else (old, new)
+        self.usage_conflict = (f"{where}: usage reports disagree on {', '.join(map(str, clash))[:200]}; "
+                               f"the fuller report ({len(fuller)} fields) is kept")
+        return {**{k: v for k, v in other.items() if v is not None}, **fuller}
 
     @property
     def finished(self) -> bool:

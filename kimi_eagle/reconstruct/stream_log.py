@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections import deque
 from typing import Any, Iterator
 
-from kimi_eagle.io import check_encoding, read_jsonl
+from kimi_eagle.io import UTF8_BOM, check_encoding, read_jsonl
 from kimi_eagle.reconstruct.log_shapes import LogShapeError, api_record_from_log
 from kimi_eagle.reconstruct.stream import DONE, SSEDecoder, StreamAssembler, StreamError, chunk_payloads, parse_sse
 
 SOURCE = "openai-stream"
 STREAM_KEYS = ("chunks", "stream")
+SSE_LINE = re.compile(rb"(?m)^data:")  # a file with such a line is an SSE log (a request line may come first)
 
 
 def is_chunk(obj: Any) -> bool:
@@ -56,9 +59,9 @@ def _payloads(path: str | os.PathLike) -> Iterator[tuple[str, Any, str | None]]:
     """``(where, payload, error)`` for every payload of the file, raw SSE or JSONL."""
     check_encoding(path)
     with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    if head.startswith((b"data:", b":", b"event:", b"id:")):
-        decoder = SSEDecoder()
+        head = f.read(1 << 16).removeprefix(UTF8_BOM).lstrip()
+    if head.startswith((b"data:", b":", b"event:", b"id:")) or SSE_LINE.search(head):
+        decoder = SSEDecoder(loose=True)  # a request logged as a JSON line between events is read too
         k = 0
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -86,8 +89,9 @@ def _event_payload(event: Any, k: int) -> Iterator[tuple[str, Any, str | None]]:
 
 
 class _Stream:
-    def __init__(self, where: str, request: Any) -> None:
-        self.where, self.request = where, request
+    def __init__(self, where: str, request: Any, answer: int = 1) -> None:
+        self.where, self.request, self.answer = where, request, answer
+        self.request_after = False  # a request was logged after this stream started
         self.assembler = StreamAssembler()
         self.error: str | None = None
         self.done = False
@@ -106,11 +110,16 @@ def _record(stream: _Stream, extra: dict) -> dict:
     asm = stream.assembler
     response = asm.response()
     info = {"chunks": asm.chunks, "done": stream.done}
+    if asm.usage_conflict:
+        info["usage_conflict"] = asm.usage_conflict
+    if stream.answer > 1:
+        info["id_collision"] = stream.answer  # the n-th answer logged under one chunk id (never merged)
     error = stream.error
     if error is None and asm.error is not None:
         error = f"the stream carried an error event: {json.dumps(asm.error, ensure_ascii=False)[:300]}"
     if error is None and not asm.finished:
-        error = f"stream_incomplete: no finish_reason after {asm.chunks} chunks (a cut or unfinished stream)"
+        how = "[DONE] came before a finish_reason" if stream.done else "a cut or unfinished stream"
+        error = f"stream_incomplete: no finish_reason after {asm.chunks} chunks ({how})"
     if error is None and not isinstance(stream.request, dict):
         error = ("no request logged before this stream: its prompt cannot be rendered (log the request line "
                  'before its chunks, or {"request": {...}, "chunks": [...]})')
@@ -151,38 +160,68 @@ def logged_stream_record(item: dict, where: str = "item 1") -> dict:
 
 
 def stream_log_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """``(answer index, API record)`` for every answer in a logged stream file (see the module docstring)."""
+    """``(answer index, API record)`` for every answer in a logged stream file (see the module docstring).
+
+    Requests logged before their streams are matched first in, first out with the streams in the order they start
+    (interleaved answers after several requests each get their own); a request no stream takes is an error record
+    in its place; a chunk id used again by a new answer (after the first finished and ``[DONE]`` or a newer request)
+    starts a new record (``#2`` added to its id), never a merge."""
     open_streams: dict[str, _Stream] = {}
-    order: list[tuple[str, Any]] = []  # ("stream", id) or ("record", record), in first-seen order
-    pending_request: Any = None
+    order: list[tuple[str, Any]] = []  # ("stream", _Stream), ("request", [where, request, taken]) or ("record", record)
+    pending: deque = deque()  # requests no stream has taken yet, oldest first
     for where, obj, error in _payloads(path):
         if error is not None or not (obj == DONE or isinstance(obj, dict)):
             problem = error or f"{where}: a {type(obj).__name__}, not a chunk, request or logged stream"
-            order.append(("record", {"id": f"{SOURCE}:{where.replace(' ', '-')}", "dataset": SOURCE,
-                                     "error": problem}))
+            order.append(("record", _error_record(where, problem)))
         elif obj == DONE:
             for stream in open_streams.values():
                 stream.done = True
         elif any(k in obj for k in STREAM_KEYS) and not is_chunk(obj):
             order.append(("record", _logged_stream(obj, where)))
         elif as_request(obj) is not None:
-            pending_request = as_request(obj)
+            for stream in open_streams.values():
+                stream.request_after = True
+            pending.append(entry := [where, as_request(obj), False])
+            order.append(("request", entry))
         elif is_chunk(obj):
-            rid = obj.get("id")
-            if not isinstance(rid, str) or not rid:
-                order.append(("record", {"id": f"{SOURCE}:{where.replace(' ', '-')}", "dataset": SOURCE,
-                                         "error": f"{where}: a chunk without a string `id` cannot be grouped"}))
-                continue
-            if rid not in open_streams:
-                open_streams[rid] = _Stream(where, pending_request)
-                pending_request = None
-                order.append(("stream", rid))
-            open_streams[rid].add(obj)
+            _add_chunk(obj, where, open_streams, pending, order)
         else:
-            order.append(("record", {"id": f"{SOURCE}:{where.replace(' ', '-')}", "dataset": SOURCE,
-                                     "error": f"{where}: neither a chunk, a request nor a logged stream "
-                                              f"(fields: {', '.join(sorted(map(str, obj)))[:200]})"}))
-    for index, (kind, value) in enumerate(order):
-        if kind == "stream":
-            value = _record(open_streams[value], {"request": open_streams[value].request})
+            order.append(("record", _error_record(where, f"{where}: neither a chunk, a request nor a logged stream "
+                                                        f"(fields: {', '.join(sorted(map(str, obj)))[:200]})")))
+    index = 0
+    for kind, value in order:
+        if kind == "request" and value[2]:
+            continue
+        if kind == "request":
+            value = {**_error_record(value[0], f"{value[0]}: a request with no answer logged after it"),
+                     "request": value[1]}
+        elif kind == "stream":
+            extra = {"request": value.request}
+            if value.answer > 1:
+                extra["id"] = f"{value.assembler.top.get('id')}#{value.answer}"
+            value = _record(value, extra)
         yield index, value
+        index += 1
+
+
+def _error_record(where: str, problem: str) -> dict:
+    return {"id": f"{SOURCE}:{where.replace(' ', '-')}", "dataset": SOURCE, "error": problem}
+
+
+def _add_chunk(obj: dict, where: str, open_streams: dict[str, _Stream], pending: deque, order: list) -> None:
+    """Add one chunk to the stream of its id: a new stream (taking the oldest request not yet taken) when the id is
+    new, or when its answer has finished, then ``[DONE]`` or a newer request was logged, and this chunk brings new
+    text or calls (another answer under the same id)."""
+    rid = obj.get("id")
+    if not isinstance(rid, str) or not rid:
+        order.append(("record", _error_record(where, f"{where}: a chunk without a string `id` cannot be grouped")))
+        return
+    current = open_streams.get(rid)
+    if current is None or ((current.done or current.request_after) and current.assembler.continues_finished(obj)):
+        request = None
+        if pending:
+            taken = pending.popleft()
+            taken[2], request = True, taken[1]
+        current = open_streams[rid] = _Stream(where, request, current.answer + 1 if current else 1)
+        order.append(("stream", current))
+    current.add(obj)

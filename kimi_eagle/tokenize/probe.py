@@ -155,6 +155,9 @@ def named_specials(report: ProbeReport) -> list[SpecialReport]:
 def probe_metrics(report: ProbeReport, sample_tokens: int) -> dict[str, Any]:
     """``metrics.json`` of a probe: the tokenizer, its sizes, named specials, specials that do not
     round-trip, and how many tokens the sample text took (``sample_tokens``)."""
-    return {"tokenizer": report.tokenizer, "n_vocab": report.n_vocab, "n_ranks": report.n_ranks,
+    from kimi_eagle.data_kinds import model_kind
+
+    return {"data": model_kind(report.tokenizer), "tokenizer": report.tokenizer, "n_vocab": report.n_vocab,
+            "n_ranks": report.n_ranks,
             "n_named_specials": len(named_specials(report)),
             "n_not_roundtrip": sum(not s.roundtrip for s in report.special_tokens), "sample_tokens": sample_tokens}

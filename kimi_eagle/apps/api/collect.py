@@ -26,8 +26,10 @@ Streams: a request with ``stream: true`` is read as SSE and its chunks assembled
 breaks keeps what arrived and is retried, stored as ``stream_incomplete`` when every attempt broke.
 Bounds: ``timeout`` is the silence allowed, ``response_timeout`` the whole attempt,
 ``max_body_bytes`` the reply's size. What cannot be stored as it came is an error record with the
-reason (``bad_prompt``, ``lone_surrogate``), never the end of the run; SIGINT/SIGTERM write the
-requests in flight as ``interrupted``.
+reason (``bad_prompt``, ``lone_surrogate``, ``unstorable``), never the end of the run: any exception out of the HTTP
+client (a lying ``Content-Encoding``), the SSE reader or the JSON layer fails that attempt only, and nesting past
+100 levels is refused by name. SIGINT/SIGTERM write the requests in flight as ``interrupted``. One run per output:
+``.OUT.lock`` (as ``reconstruct`` holds) refuses a second run on it before anything is sent.
 
 The API key comes from ``OPENROUTER_API_KEY`` only, goes only into the ``Authorization`` header,
 and is redacted in every form (:mod:`kimi_eagle.apps.api.redact`) from anything written or printed.
@@ -56,7 +58,7 @@ from typing import Any
 
 from kimi_eagle.apps.api.redact import REDACTED as REDACTED  # re-exported: callers match it in messages
 from kimi_eagle.apps.api.redact import Redactor
-from kimi_eagle.io import JsonlAppender, read_jsonl, write_lines, write_text
+from kimi_eagle.io import MAX_DEPTH, JsonlAppender, json_depth, read_jsonl, write_lines, write_text
 from kimi_eagle.reconstruct.stream import DONE, SSEDecoder, StreamAssembler, StreamError
 
 API_KEY_ENV = "OPENROUTER_API_KEY"
@@ -66,7 +68,7 @@ FATAL_STATUS = {401, 402}
 PROVIDER_FIELDS = ("order", "only", "ignore", "quantizations", "allow_fallbacks", "require_parameters",
                    "data_collection", "sort", "max_price", "zdr")
 SNIPPET_CHARS = 300  # of an upstream body kept in an error message (redacted before the cut)
-RETRYABLE_KINDS = ("exhausted", "stream_incomplete", "interrupted")  # redone by the next run
+RETRYABLE_KINDS = ("exhausted", "stream_incomplete", "interrupted", "unstorable")  # redone by the next run
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -277,7 +279,11 @@ def classify_response(status: int, headers: Any, content: bytes, redactor: Redac
         body = json.loads(content)
     except (ValueError, RecursionError):
         body = None
+    too_deep = body is not None and json_depth(body) > MAX_DEPTH
+    body = None if too_deep else body  # kept out of the record: the kit's readers refuse such nesting
     if status == 200:
+        if too_deep:
+            return Outcome("retry", f"200 with a body nested more than {MAX_DEPTH} levels deep ({len(content)} bytes)")
         if body is None:
             return Outcome("retry", f"200 with a body that is not complete JSON ({len(content)} bytes)")
         if isinstance(body, dict) and body.get("error") and not body.get("choices"):
@@ -338,8 +344,10 @@ def scan_output(path: Path, retry_errors: bool = False) -> tuple[dict[str, dict]
 
 
 def stored_line(redactor: Redactor, text: str) -> str:
-    """A serialised record as written: the key redacted, lone surrogates (which UTF-8 cannot hold) as ``\\u`` escapes."""
-    return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", redactor(text))
+    """A serialised record as written: the whole key redacted in any JSON-escaped form (:meth:`Collector.store` has
+    already redacted every fragment from the record's strings), lone surrogates (which UTF-8 cannot hold) as ``\\u``
+    escapes."""
+    return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", redactor.whole(text))
 
 
 def header_id(record_id: str) -> str:
@@ -470,9 +478,12 @@ class Collector:
 
     def stream_end(self, asm: StreamAssembler, state: Attempts) -> Outcome:
         response = asm.response()
-        if not (state.stream["done"] or asm.finished):
-            return Outcome("retry", f"stream_incomplete (ended after {asm.chunks} chunks without finish_reason "
-                           "or [DONE])", response, incomplete=True)
+        if asm.usage_conflict:
+            state.stream["usage_conflict"] = asm.usage_conflict
+        if not asm.finished:
+            how = "[DONE] came before a finish_reason" if state.stream["done"] else "no finish_reason or [DONE]"
+            return Outcome("retry", f"stream_incomplete (ended after {asm.chunks} chunks: {how})", response,
+                           incomplete=True)
         if not response.get("choices"):
             return Outcome("retry", "stream without choices", response, incomplete=True)
         errored = [c.get("index") for c in response["choices"] if c.get("finish_reason") == "error"]
@@ -485,7 +496,7 @@ class Collector:
         """One request, read whole (or as a stream) within ``response_timeout`` and ``max_body_bytes``."""
         async with client.stream("POST", self.url, json=prompt.request, headers=headers) as r:
             state.status = r.status_code
-            streamed = "text/event-stream" in r.headers.get("content-type", "")
+            streamed = "text/event-stream" in r.headers.get("content-type", "").lower()  # media types ignore case
             if r.status_code == 200 and streamed:
                 return await self.read_stream(r, state)
             state.assembler = None
@@ -506,6 +517,11 @@ class Collector:
             message = f"{type(e).__name__}: {self.redactor.cut(str(e), SNIPPET_CHARS)}"
         except (BodyTooLarge, StreamError) as e:
             message = str(e)
+        except (httpx.HTTPError, httpx.StreamError) as e:  # e.g. DecodingError: a lying Content-Encoding
+            message = f"{type(e).__name__}: {self.redactor.cut(str(e), SNIPPET_CHARS)}"
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeError, RecursionError, OverflowError,
+                MemoryError, OSError) as e:  # any other answer that breaks a layer: this prompt's error, not the run's
+            message = f"unreadable answer ({type(e).__name__}: {self.redactor.cut(str(e), SNIPPET_CHARS)})"
         if state.assembler is not None:  # a stream broke: keep what arrived
             return Outcome("retry", f"stream_incomplete ({message})", state.assembler.response(), incomplete=True)
         return Outcome("retry", message)
@@ -566,8 +582,10 @@ class Collector:
                 "request": prompt.body, "response": None, "http_status": None, "timing": None}
 
     def store(self, writer: JsonlAppender, record: dict[str, Any]) -> str:
-        """Write ``record`` (an answer with lone surrogates becomes a ``lone_surrogate`` error, kept as escapes);
-        returns its kind."""
+        """Write ``record`` with the key redacted in every form and fragment (:meth:`Redactor.record`: the assembled
+        record is scanned, not only each string); an answer with lone surrogates becomes a ``lone_surrogate`` error
+        (kept as escapes), one that cannot be written an ``unstorable`` one (the answer dropped, the reason kept)."""
+        record = self.redactor.record(record)
         if record["status"] == "ok":
             bad = surrogate_paths(record.get("response"), "response")
             if bad:
@@ -575,9 +593,16 @@ class Collector:
                 record["error"] = {"kind": "lone_surrogate", "http_status": record.get("http_status"),
                                    "message": f"the answer holds lone surrogates (not valid Unicode) at "
                                               f"{', '.join(bad)}; stored as \\u escapes"}
+        try:
+            writer.append(record)
+        except (ValueError, TypeError, RecursionError, OverflowError) as e:
+            record = {**record, "status": "error", "response": None,
+                      "error": {"kind": "unstorable", "http_status": record.get("http_status"),
+                                "message": self.redactor.cut(f"the answer cannot be written as JSON "
+                                                             f"({type(e).__name__}: {e})", SNIPPET_CHARS)}}
+            writer.append(record)
         kind = "ok" if record["status"] == "ok" else record["error"]["kind"]
-        writer.append(record)
-        self.counts[kind] += 1
+        self.counts[kind] = self.counts.get(kind, 0) + 1
         return kind
 
     def stop(self, name: str) -> None:
@@ -669,14 +694,25 @@ def _signal_handlers(collector: Collector) -> list[int]:
 
 async def collect_async(prompts_path: str | Path, output_path: str | Path, config: CollectConfig,
                         api_key: str | None = None) -> dict[str, Any]:
-    """Collect every prompt not yet in ``output_path``; returns the summary (also written to ``<output>.summary.json``)."""
-    from tqdm.auto import tqdm
+    """Collect every prompt not yet in ``output_path``; returns the summary (also written to ``<output>.summary.json``).
+    One run per output: a second run on it is refused while one runs (``.OUT.lock``, as ``reconstruct`` holds), so
+    two runs never both send (and bill) the same prompts."""
+    from kimi_eagle.reconstruct.job import output_lock
 
     output = Path(output_path)
     if output.exists() and not output.is_file():
         raise ValueError(f"{output}: the output must be a file (it is a directory or something else)")
     t0 = time.perf_counter()
     prompts = load_prompts(prompts_path, config.model, config.defaults, config.limit)
+    with output_lock(output):
+        return await _collect_locked(prompts, output, config, api_key, t0)
+
+
+async def _collect_locked(prompts: list[Prompt], output: Path, config: CollectConfig, api_key: str | None,
+                          t0: float) -> dict[str, Any]:
+    """:func:`collect_async` once the output is locked."""
+    from tqdm.auto import tqdm
+
     done, dropped = scan_output(output, config.retry_errors)
     todo = [p for p in prompts if p.key not in done]
     stale = len(set(done) - {p.key for p in prompts})
@@ -704,6 +740,9 @@ async def collect_async(prompts_path: str | Path, output_path: str | Path, confi
                "seconds": round(time.perf_counter() - t0, 3), "totals": summarize_output(output)}
     summary = collector.redactor.value(summary)  # an upstream's error body may echo the Authorization header
     write_text(output.with_name(output.name + ".summary.json"), json.dumps(summary, indent=2))
+    from kimi_eagle.apps.reports.outputs import write_summary_tables
+
+    write_summary_tables(summary, output.with_name(output.name + ".summary.json"))  # .summary.md, .summary.csv
     return summary
 
 

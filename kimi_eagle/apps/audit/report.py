@@ -2,9 +2,10 @@
 ``report.html`` beside ``summary.json``, drawn from that summary alone with the report toolkit
 (:mod:`kimi_eagle.apps.reports.toolkit`), like ``kimi-eagle report`` and ``kimi-eagle billing``.
 
-Every title says **real** data: the audit compares completions that providers actually returned (a local
-``kimi-eagle serve`` provider table included), never injected effects. A chart or section that fails becomes a
-visible note on the page; the others are drawn.
+Every title and the banner say the data kind (:mod:`kimi_eagle.data_kinds`): ``real`` for providers reached over
+the network, ``stand-in: <model> served locally`` when the "providers" are a local ``kimi-eagle serve`` table (the
+demo's stories260K at three precisions on 127.0.0.1) — real machinery, not real providers. A chart or section that
+fails becomes a visible note on the page; the others are drawn.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kimi_eagle import data_kinds
 from kimi_eagle.apps.reports.toolkit import (
     chart_embedder,
     draw_charts,
@@ -32,7 +34,19 @@ from kimi_eagle.apps.reports.toolkit import (
 )
 from kimi_eagle.io import write_text
 
-AUDIT_DATA = "real"
+AUDIT_DATA = "real"  # the kind when a summary does not say (an audit of providers over the network)
+
+
+def audit_data(summary: dict[str, Any]) -> str:
+    """The summary's data kind: its ``data``, else what its ``base_url`` and model make it
+    (:func:`kimi_eagle.data_kinds.provider_kind`), else :data:`AUDIT_DATA`."""
+    settings = summary.get("settings") or {}
+    if summary.get("data"):
+        return data_kinds.check(summary["data"])
+    return data_kinds.provider_kind(settings["base_url"], settings.get("model", "")) if settings.get("base_url") \
+        else AUDIT_DATA
+
+
 AUDIT_CHARTS = ("agreement_matrix", "first_divergence_cdf", "self_consistency")
 
 
@@ -65,7 +79,7 @@ def agreement_matrix_figure(summary: dict[str, Any]) -> Figure:
     ax.set_xticks(range(len(names)), [plain(n) for n in names])
     ax.set_yticks(range(len(names)), [plain(n) for n in names])
     fig.colorbar(im, ax=ax, label="share identical")
-    title(ax, f"Identical greedy completions ({summary.get('settings', {}).get('model', '')})", AUDIT_DATA)
+    title(ax, f"Identical greedy completions ({summary.get('settings', {}).get('model', '')})", audit_data(summary))
     return fig
 
 
@@ -96,7 +110,7 @@ def first_divergence_figure(summary: dict[str, Any]) -> Figure:
         no_data(ax, "compared pairs")
     ax.set(xlabel="first differing token (position in the completion)", ylabel="share of prompts diverged by then",
            ylim=(0, 1))
-    title(ax, "Where completions part: first-divergence CDF per pair", AUDIT_DATA)
+    title(ax, "Where completions part: first-divergence CDF per pair", audit_data(summary))
     return fig
 
 
@@ -113,7 +127,7 @@ def self_consistency_figure(summary: dict[str, Any]) -> Figure:
         ax.text(k, 0.05, f"{c['k']}/{c['n']}", ha="center", color="white")
     ax.set_xticks(range(len(providers)), [plain(p) for p in providers])
     ax.set(ylim=(0, 1.05), ylabel="repeats identical")
-    title(ax, "Self-consistency: repeats identical (Wilson 95% CI)", AUDIT_DATA)
+    title(ax, "Self-consistency: repeats identical (Wilson 95% CI)", audit_data(summary))
     return fig
 
 
@@ -207,11 +221,15 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], notes: list[di
         body += section(notes, name, build)
     stopped = [f"<p class='left-out'>⚠ the audit stopped: {html.escape(str(summary['aborted']))}</p>"] \
         if summary.get("aborted") else []
-    return html_page(f"kimi-eagle provider audit ({AUDIT_DATA} data)", [
-        f"<h1>Provider audit: does each provider return what the model produces? — {AUDIT_DATA} data</h1>",
+    data = audit_data(summary)
+    kind = data_kinds.base_kind(data)
+    what = ("REAL data: greedy, seeded completions each provider returned for the same prompts" if kind == "real" else
+            f"{html.escape(data_kinds.data_tag(data)[1:-1])}: {html.escape(data_kinds.describe(data))}. Greedy, seeded "
+            "completions each local stand-in returned for the same prompts")
+    return html_page(f"kimi-eagle provider audit ({html.escape(data)})", [
+        f"<h1>Provider audit: does each provider return what the model produces? — {html.escape(data)}</h1>",
         finding(html.escape(audit_finding(summary))),
-        f"<p class='data {AUDIT_DATA}'>REAL data: greedy, seeded completions each provider returned for the same "
-        "prompts, reconstructed to token IDs and compared by bytes and IDs.</p>",
+        f"<p class='data {kind}'>{what}, reconstructed to token IDs and compared by bytes and IDs.</p>",
         *stopped,
         *left_out_section(notes, f"{len(notes):,} part(s) could not be drawn or rendered; the rest of the page stands "
                                  "without them."),

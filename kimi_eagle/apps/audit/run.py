@@ -28,6 +28,8 @@ from typing import Any, Sequence
 
 from kimi_eagle.apps.audit.compare import REFERENCE, Completion, compare_all, summarize
 from kimi_eagle.apps.audit.report import write_audit_report
+from kimi_eagle.apps.reports.outputs import write_summary_tables
+from kimi_eagle.data_kinds import provider_kind
 from kimi_eagle.io import atomic_path, read_jsonl, write_json, write_jsonl
 
 REPEAT_SEP = "#r"  # audit request id = prompt id + "#r" + repeat
@@ -220,10 +222,23 @@ def audit(prompts_path: str | Path, out_dir: str | Path, options: AuditOptions,
         by_status[key] = by_status.get(key, 0) + 1
     summary.update(prompts=len(prompts), bad_prompts=sum(body is None for _, body, _ in prompts),
                    repeats=options.repeats, requests=len(completions), completions=by_status, collect=collected,
-                   aborted=aborted, settings=options.settings(tokenizer_dir))
+                   requested=sum(c["requested"] for c in collected.values()), reused=_reused(collected),
+                   aborted=aborted, settings=options.settings(tokenizer_dir),
+                   data=provider_kind(options.base_url, options.model))  # local "providers" are stand-ins (#35)
     write_json(out / "summary.json", summary)
+    write_summary_tables(summary, out / "summary.json")  # summary.md, summary.csv
     write_audit_report(summary, out)
     return summary
+
+
+def _reused(collected: dict[str, Any]) -> dict[str, str]:
+    """What a rerun kept of an earlier audit (:mod:`kimi_eagle.reuse`): the answered requests, over all providers."""
+    from kimi_eagle.reuse import note_collect
+
+    reused: dict[str, str] = {}
+    note_collect(reused, "collect", {"prompts": sum(c["already_done"] + c["requested"] for c in collected.values()),
+                                     "already_done": sum(c["already_done"] for c in collected.values())})
+    return reused
 
 
 def _collect_providers(prompts: list, out: Path, options: AuditOptions, config: Any, tokenizer: tuple[Any, Any],
@@ -248,7 +263,8 @@ def _collect_providers(prompts: list, out: Path, options: AuditOptions, config: 
         if not lines:
             continue
         summary = collect(out / "prompts" / f"{provider}.jsonl", api_path, config, api_key=api_key)
-        collected[provider] = {k: summary[k] for k in ("ok", "permanent", "exhausted", "bad_prompt", "retries")}
+        collected[provider] = {k: summary[k] for k in ("already_done", "requested", "ok", "permanent", "exhausted",
+                                                       "bad_prompt", "retries")}
         if summary["aborted"]:
             return collected, f"{provider}: {summary['aborted']}"
         reconstruct_file(api_path, out / "recon" / f"{provider}.parquet", tokenizer_dir, options.format_name,

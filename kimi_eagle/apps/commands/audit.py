@@ -8,7 +8,9 @@ from pathlib import Path
 
 from kimi_eagle.apps.audit.run import AuditOptions, audit, matrix_text
 from kimi_eagle.apps.cli import NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_option
+from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
 from kimi_eagle.chat.serving import SERVING_CHOICES
+from kimi_eagle.reuse import reused_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,10 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=POSITIVE_FLOAT, default=120.0)
     p.add_argument("--serving", choices=SERVING_CHOICES, default="template",
                    help="serving profile the answers are reconstructed with (kimi_eagle.chat.serving)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_figure_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    use_figure_options(args)  # every chart this command (or a notebook it runs) writes
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
     options = AuditOptions(args.base_url, args.model, tuple(providers), args.reference, args.repeats, args.seed,
                            args.max_tokens, args.tokenizer, args.format, args.concurrency, args.max_attempts,
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"completions": summary["completions"], "divergence_ranking": summary["divergence_ranking"]},
                      indent=2))
     print(f"charts and page -> {Path(args.out) / 'report.html'}")
+    print(f"kimi-eagle audit: {summary['requested']} requests this run; {reused_line(summary['reused'])}")
     if summary["aborted"]:
         print(f"kimi-eagle audit: stopped: {summary['aborted']}", file=sys.stderr)
         return 3

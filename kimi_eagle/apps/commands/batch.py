@@ -8,6 +8,8 @@ from pathlib import Path
 from kimi_eagle.apps.batch.grid import GridError, load_grid
 from kimi_eagle.apps.batch.run import run_batch
 from kimi_eagle.apps.cli import POSITIVE_INT, add_option
+from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
+from kimi_eagle.reuse import note_count, reused_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,9 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=POSITIVE_INT, default=2, help="runs executed in parallel (default 2)")
     p.add_argument("--resume", action="store_true", help="execute only the runs that are not ok yet")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_figure_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    use_figure_options(args)  # every chart this command (or a notebook it runs) writes
     grid = load_grid(args.grid)
     notebook = Path(args.notebook) if args.notebook else grid.notebook
     if notebook is None:
@@ -34,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     n = len(result.executed) + len(result.skipped)
     print(f"batch: {n - len(result.failed)}/{n} runs ok ({len(result.executed)} executed, "
           f"{len(result.skipped)} already ok), {len(result.failed)} failed -> {result.run_dir / 'summary.html'}")
+    reused: dict[str, str] = {}
+    note_count(reused, "runs", len(result.skipped), n)
+    print(f"batch: {reused_line(reused)}")
     for name in result.failed:
         print(f"  failed: {name}: {result.errors.get(name)}", file=sys.stderr)
     return 0 if result.ok else 1

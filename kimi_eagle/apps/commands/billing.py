@@ -6,8 +6,8 @@ from pathlib import Path
 
 from kimi_eagle.apps.cli import add_main_input, add_option
 from kimi_eagle.apps.reports.billing_report import DATA_LABELS, write_billing
-from kimi_eagle.apps.reports.outputs import refuse_other_report
-from kimi_eagle.diff.run import read_reconstructed
+from kimi_eagle.apps.reports.outputs import add_figure_options, refuse_other_report, use_figure_options
+from kimi_eagle.diff.run import read_labels, read_reconstructed
 from kimi_eagle.io import check_parquet
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
@@ -19,18 +19,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                help="output directory (billing_records.parquet, summary.json, metrics.json, charts, report.html)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
     p.add_argument("--data", choices=DATA_LABELS, default="real", help="label for the charts: real or simulated responses")
+    p.add_argument("--labels", default=None,
+                   help="labels.parquet of a labelled benchmark (`kimi-eagle simulate`): the page then shows the "
+                        "verdicts' confusion against the labels with precision/recall per cause (default: a "
+                        "labels.parquet beside the reconstructed file, when there is one)")
+    add_figure_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    use_figure_options(args)  # every chart this command (or a notebook it runs) writes
     from kimi_eagle.assets import kimi_dir
 
     check_parquet(args.reconstructed, "`kimi-eagle reconstruct`")  # a folder, JSONL, gzip: refused by name
     refuse_other_report(args.out, "billing")
     rows = read_reconstructed(args.reconstructed)  # refuse a bad file before loading the tokenizer
+    beside = Path(args.reconstructed).parent / "labels.parquet"
+    labels_path = args.labels or (beside if beside.is_file() else None)
+    labels = read_labels(labels_path) if labels_path else None
     tok = load_tokenizer(args.tokenizer or kimi_dir())
-    summary = write_billing(tok, rows, args.out, args.data, {"reconstructed": str(args.reconstructed), "tokenizer": tok.name})
+    meta = {"reconstructed": str(args.reconstructed), "tokenizer": tok.name,
+            **({"labels": str(labels_path)} if labels_path else {})}
+    summary = write_billing(tok, rows, args.out, args.data, meta, labels)
     a = summary["all"]
-    gap = "n/a" if a["gap_pct"] is None else f"{a['gap_pct']:+.3f}% (95% CI {a['gap_pct_lo']:+.3f} … {a['gap_pct_hi']:+.3f})"
+    gap = "n/a" if a["gap_pct"] is None else f"{a['gap_pct']:+.3f}% " + (
+        f"(95% CI {a['gap_pct_lo']:+.3f} … {a['gap_pct_hi']:+.3f})" if a["gap_pct_lo"] is not None else "(n too small for a CI)")
     print(f"billing-only evidence: {summary['n_records']} records {summary['verdict_class']}; gap {gap} of "
           f"{a['billed_tokens']:,} billed tokens -> {Path(args.out) / 'report.html'}")
+    if acc := summary.get("accuracy"):
+        print(f"against the labels ({labels_path}): {acc['explained']} explained verdicts, {acc['wrong_cause']} naming "
+              f"a wrong cause, {acc['ambiguous']} ambiguous; {acc['unseen_effects']} labelled effects billing cannot see")
     return 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from kimi_eagle.apps.api.collect import API_KEY_ENV, CollectConfig, collect, exit_code, key_notice, provider_options
 from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, TOP_P, add_option
+from kimi_eagle.reuse import note_collect, reused_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", required=True, help="responses JSONL (appended; rerun to resume)")
     o.add_argument("--limit", type=POSITIVE_INT, help="only the first N prompts")
-    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c = p.add_argument_group("connection")
     c.add_argument("--base-url", required=True, help="e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:8000/v1")
     c.add_argument("--model", required=True, help="API model name (a prompt line's own `model` wins; not a directory)")
@@ -54,13 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--provider-ignore")
     g.add_argument("--quantizations")
     g.add_argument("--no-fallbacks", action="store_true", help="allow_fallbacks: false")
-    g.add_argument("--require-parameters", action="store_true")
+    g.add_argument("--require-parameters", action="store_true",
+                   help="require_parameters: true (only providers that support every request parameter)")
     g.add_argument("--data-collection", choices=["allow", "deny"])
     q = p.add_argument_group("reasoning")
     q.add_argument("--reasoning", type=json.loads, help="a whole `reasoning` JSON object")
     q.add_argument("--reasoning-effort", choices=["minimal", "low", "medium", "high"])
     q.add_argument("--reasoning-max-tokens", type=POSITIVE_INT)
-    q.add_argument("--reasoning-exclude", action="store_true")
+    q.add_argument("--reasoning-exclude", action="store_true", help="reasoning.exclude: true (the answer carries no reasoning)")
 
 
 def request_defaults(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kimi-eagle collect: warning: {message}", file=sys.stderr)
     summary = collect(args.prompts, args.output, config)
     print(json.dumps(summary, indent=2))
+    reused: dict[str, str] = {}
+    note_collect(reused, "collect", summary)
+    print(f"kimi-eagle collect: {summary['requested']} requests this run; {reused_line(reused)}", file=sys.stderr)
     if summary["failure_reasons"]:
         top = ", ".join(f"{reason} x{n}" for reason, n in list(summary["failure_reasons"].items())[:5])
         print(f"kimi-eagle collect: failed attempts by reason: {top}", file=sys.stderr)

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from kimi_eagle.apps.cli import add_option
 from kimi_eagle.diff.run import diff_rows, read_engine, read_labels, read_reconstructed, write_diff
 from kimi_eagle.io import check_jsonl, check_parquet
+from kimi_eagle.reconstruct.job import output_lock
 from kimi_eagle.records import exit_status
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
@@ -29,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     labels = read_labels(args.labels) if args.labels else None
     tok = load_tokenizer(args.tokenizer or kimi_dir())
     result = diff_rows(tok, read_engine(args.engine, tok), recon_rows, labels)
-    out = write_diff(result, args.out, {"engine": str(args.engine), "reconstructed": str(args.reconstructed),
-                                        "tokenizer": tok.name, "labels": args.labels})
+    with output_lock(Path(args.out)):  # one diff per output directory at a time
+        out = write_diff(result, args.out, {"engine": str(args.engine), "reconstructed": str(args.reconstructed),
+                                            "tokenizer": tok.name, "labels": args.labels})
     counts = result.records["status"].value_counts().to_dict()
     labels = result.records["label"].value_counts().to_dict()
     print(f"{len(result.records)} records ({counts}), {len(result.hunks)} hunks; labels {labels} -> {out}")

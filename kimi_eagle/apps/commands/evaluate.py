@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=64)
     p.add_argument("--temperatures", type=TEMPERATURES, default="0,1", help="comma-separated; 0 = greedy")
     p.add_argument("--seed", type=NONNEG_INT, default=0)
-    p.add_argument("--no-ngram", action="store_true")
+    p.add_argument("--no-ngram", action="store_true", help="leave out the n-gram (prompt lookup) baseline")
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", help="write the report JSON here as well")
     p.add_argument("--threads", type=POSITIVE_INT, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from kimi_eagle.apps.cli import POSITIVE_INT, add_option
 from kimi_eagle.apps.interop.export_data import TARGETS, _target_config, export_data
+from kimi_eagle.reconstruct.job import output_lock
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,10 +43,20 @@ def run(args: argparse.Namespace) -> int:
     vocab_size = args.vocab_size or cfg.get("vocab_size")
     if not vocab_size:
         raise ValueError("give --vocab-size or --target")
-    m = export_data(args.rows, args.to, args.out, vocab_size=int(vocab_size), max_length=args.max_length,
-                    drop_flags=_drop_flags(args), draft_vocab_size=args.draft_vocab_size, target=args.target,
-                    n_layers=args.n_layers or cfg.get("num_hidden_layers"),
-                    hidden_size=args.hidden_size or cfg.get("hidden_size"))
+    with output_lock(Path(args.out)):  # one export per output directory at a time
+        m = _export(args, cfg, vocab_size)
     print(json.dumps({k: m[k] for k in ("to", "rows_in", "rows_written", "rows_dropped", "dropped_by_reason",
                                         "rows_truncated", "tokens_written", "files")}))
+    if not m["rows_written"]:  # issue 37: an export of nothing is a mistake to name, not a success
+        first = m["dropped"][0] if m["dropped"] else {}
+        why = f"; the first, {first.get('id')!r}: {first.get('reason')}: {str(first.get('detail', ''))[:120]}" if first else ""
+        raise ValueError(f"{args.rows}: no row written: {m['rows_in']} records in, all dropped "
+                         f"{m['dropped_by_reason']}{why} (see {Path(args.out) / 'manifest.json'})")
     return 0
+
+
+def _export(args: argparse.Namespace, cfg: dict, vocab_size: int) -> dict:
+    return export_data(args.rows, args.to, args.out, vocab_size=int(vocab_size), max_length=args.max_length,
+                       drop_flags=_drop_flags(args), draft_vocab_size=args.draft_vocab_size, target=args.target,
+                       n_layers=args.n_layers or cfg.get("num_hidden_layers"),
+                       hidden_size=args.hidden_size or cfg.get("hidden_size"))

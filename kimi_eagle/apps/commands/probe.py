@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(report.to_json())
         return _engine_exit(report)
-    print(f"{report.tokenizer}: n_vocab {report.n_vocab:,}, n_ranks {report.n_ranks:,}")
+    print(f"tokenizer {report.tokenizer.split(':', 1)[-1]} ({report.tokenizer}) — n_vocab {report.n_vocab:,}, "
+          f"n_ranks {report.n_ranks:,}")  # not `kimi:kimi:` (#35)
     named = [s for s in report.special_tokens if not s.text.startswith("<|reserved_token_")]
     print(f"{len(named)} named special tokens ({len(report.special_tokens)} slots):")
     for s in named:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: keep ids the model could have written, replace server-made ones with functions.NAME:IDX; "
                         "normalise: always functions.NAME:IDX; keep: the API's ids (default: the profile's, auto)")
     p.add_argument("--keep-tool-ids", action="store_true", help="the same as --tool-ids keep")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 PARQUET_SUFFIXES = ("", ".parquet", ".pq")
@@ -65,27 +64,19 @@ def _table(args: argparse.Namespace) -> str | None:
     return path
 
 
-def auto_serving(args: argparse.Namespace, overrides: dict) -> tuple[Any, str, list[dict]]:
+def auto_serving(args: argparse.Namespace, overrides: dict) -> tuple[Any, str]:
     """``--serving auto``: the provider table's entries first (per record), then each (provider, dataset)'s profile
-    (kimi_eagle.reconstruct.auto_serving); the evidence goes to OUTPUT.serving.json, one line per entry and group
-    to the screen; the options carry both."""
-    from dataclasses import replace
-
-    from kimi_eagle.chat.serving_choice import describe
-    from kimi_eagle.reconstruct.auto_serving import auto_options, choose_for_file, describe_use, table_use
+    (kimi_eagle.reconstruct.auto_serving.auto_serving_options); the evidence goes to OUTPUT.serving.json, one line
+    per entry and group to the screen; the options carry both."""
+    from kimi_eagle.reconstruct.auto_serving import auto_serving_options
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
-    table = _table(args)
-    uses = table_use(args.input, table, args.format) if table else []
-    choices = choose_for_file(args.input, load_tokenizer(args.tokenizer or kimi_dir()), args.format, table=table)
-    lines = [describe_use(u) for u in uses] + [describe(c) for c in choices]
+    tok = load_tokenizer(args.tokenizer or kimi_dir())
+    options, tool_declaration, lines = auto_serving_options(
+        args.input, args.output, tok, args.format, _table(args), overrides, args.keep_tool_ids,
+        always_write=args.serving == "auto")
     print("\n".join(lines))
-    if args.serving == "auto" or any(c["profile"] != "template" for c in choices) or any(u["applied"] for u in uses):
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # a default run reconstructed as template
-        Path(str(args.output) + ".serving.json").write_text(json.dumps(  # writes what it wrote before, no more
-            {"rule": "auto", "provider_table": table, "summary": lines, "table": uses, "groups": choices}, indent=1))
-    options, tool_declaration = auto_options(choices, overrides, args.keep_tool_ids)
-    return replace(options, provider_table=table), tool_declaration, choices
+    return options, tool_declaration
 
 
 def rows_per_serving(path: str) -> dict[str, int]:
@@ -110,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     profile = get_profile("template" if args.serving in (None, "auto") else args.serving, **overrides)
     options, tool_declaration = serving_options(profile, keep_tool_ids=args.keep_tool_ids), profile.tool_declaration
     if args.serving in (None, "auto") and Path(args.input).is_file():  # no --serving: auto
-        options, tool_declaration, _ = auto_serving(args, overrides)
+        options, tool_declaration = auto_serving(args, overrides)
     try:
         job = JobOptions(workers=args.workers, resume=args.resume, completion=options, shard_size=args.shard_size,
                          progress=not args.no_progress, tool_declaration=tool_declaration)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from kimi_eagle.apps.cli import add_option
 from kimi_eagle.apps.reports.diff_report import DATA_KINDS, write_report
-from kimi_eagle.apps.reports.outputs import refuse_other_report
+from kimi_eagle.apps.reports.outputs import add_figure_options, refuse_other_report, use_figure_options
 from kimi_eagle.diff.run import read_diff
 from kimi_eagle.io import FileKindRefused
+from kimi_eagle.reconstruct.job import output_lock
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="the diff's tokenizer directory, to show token boundaries in example hunks (default: the "
                         "bundled Kimi tokenizer when the diff was made with it)")
+    add_figure_options(p)
 
 
 def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer | None":
@@ -49,11 +51,13 @@ def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer |
 
 
 def run(args: argparse.Namespace) -> int:
+    use_figure_options(args)  # every chart this command (or a notebook it runs) writes
     if Path(args.diff_dir).is_file():
         raise FileKindRefused(f"{args.diff_dir}: this is a file; give the folder `kimi-eagle diff -o` wrote")
     refuse_other_report(args.out, "report")
     result = read_diff(args.diff_dir)
-    summary = write_report(result, args.out, args.data, _diff_tokenizer(args.diff_dir, args.tokenizer))
+    with output_lock(Path(args.out)):  # one report per output directory at a time
+        summary = write_report(result, args.out, args.data, _diff_tokenizer(args.diff_dir, args.tokenizer))
     v = summary["verdict"]
     print(f"{summary['data']} data: {summary['n_records']} records; exact {v['exact']}, bpe_split {v['bpe_split']}, semantic {v['semantic']}; "
           f"{len(summary['charts'])} charts -> {Path(args.out) / 'report.html'}")

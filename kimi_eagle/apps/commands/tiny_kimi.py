@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens", type=POSITIVE_INT, default=128)
     g.add_argument("--temperature", type=NONNEG_FLOAT, default=1.0)
     g.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=384, help="skip glaive turns whose K2.5 prompt is longer")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:

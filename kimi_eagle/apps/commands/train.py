@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 
 from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_main_input, add_option
+from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
 from kimi_eagle.apps.reports.training_charts import write_train_curves
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
+from kimi_eagle.reconstruct.job import output_lock
+from kimi_eagle.reuse import note_training, reused_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                help="output directory (drafter/, checkpoint/)")
     p.add_argument("--steps", type=POSITIVE_INT, default=d.steps)
     p.add_argument("--ttt-steps", type=POSITIVE_INT, default=d.ttt_steps)
+    p.add_argument("--drafter", choices=("eagle3", "dflash"), default=d.drafter,
+                   help="eagle3 (a chain drafter) or dflash (a block drafter; extract its layer set with "
+                        "`extract --drafter dflash`; docs/eagle3.md)")
+    p.add_argument("--block-size", type=POSITIVE_INT, default=d.block_size, help="dflash: the anchor plus mask tokens per block")
+    p.add_argument("--draft-layers", type=POSITIVE_INT, default=d.draft_layers, help="dflash: decoder layers of the drafter")
     p.add_argument("--step-weight", type=NONNEG_FLOAT, default=d.step_weight)
     p.add_argument("--batch-size", type=POSITIVE_INT, default=d.batch_size, help="rows per process per step")
     p.add_argument("--lr", type=POSITIVE_FLOAT, default=d.lr)
@@ -36,11 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "(default: continue it when they are equal, else start fresh in OUTPUT.run2, .run3, ...)")
     start.add_argument("--fresh", dest="resume", action="store_false", help="start fresh in OUTPUT, replacing its run")
     p.add_argument("--stop-after", type=POSITIVE_INT, help="stop after this many steps (checkpointed), e.g. to test resuming")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--threads", type=POSITIVE_INT, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
+    add_figure_options(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    use_figure_options(args)  # every chart this command (or a notebook it runs) writes
     torch.set_num_threads(args.threads)
     cfg = TrainConfig(
         data=args.data, target=args.target, out=args.out, steps=args.steps, ttt_steps=args.ttt_steps,
@@ -48,10 +61,18 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed, save_every=args.save_every, log_every=args.log_every, resume=args.resume,
         stop_after=args.stop_after, progress=not args.no_progress, online=args.online,
         layer_ids=[int(x) for x in args.layers.split(",")] if args.layers else None,
+        drafter=args.drafter, block_size=args.block_size, draft_layers=args.draft_layers,
     )
-    summary = train_drafter(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:  # rank 0 draws the curves of the log it wrote
-        write_train_curves(summary["out"])
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    with output_lock(Path(args.out)) if rank0 else contextlib.nullcontext():  # one run per OUTPUT (rank 0 holds it)
+        summary = train_drafter(cfg)
+        if rank0:  # rank 0 draws the curves of the log it wrote
+            write_train_curves(summary["out"])
+    if rank0:
+        reused: dict[str, str] = {}
+        note_training(reused, "training", summary)
+        print(f"kimi-eagle train: {summary['start']} in {summary['out']}; {reused_line(reused)}"
+              + (f" ({summary['start_note']})" if summary["start_note"] else ""), file=sys.stderr)
         print(json.dumps({k: summary[k] for k in ("start", "start_note", "out", "step", "finished", "world_size",
                                                   "train_tokens_per_s")}
                          | {"final": summary.get("final")}))

@@ -12,7 +12,12 @@
 * ``speculators.sh``: the speculators command lines (hidden-state capture from vLLM over the exported
   Arrow rows, then ``speculators train``) with capture-before ids and :data:`RECIPE`'s flags, which select
   the layer the kit's drafter implements (so ``kimi-eagle evaluate`` reads the result).
-* ``layer_ids.json``: the convention table (:func:`kimi_eagle.eagle3.layers.convention_table`).
+* ``speculators_dflash.sh`` / ``speculators_dspark.sh``: the same two steps for speculators' block drafters
+  (:data:`BLOCK_RECIPES`): hidden states of DFlash's layer set (:mod:`kimi_eagle.eagle3.dflash_config`) into
+  ``hidden_states_dflash``, then ``speculators train --speculator-type dflash|dspark`` with those ids, the kit's
+  block size and the target's ``--mask-token-id``.
+* ``layer_ids.json``: the convention table (:func:`kimi_eagle.eagle3.layers.convention_table`), DFlash's under
+  ``dflash`` (with its ``mask_token_id`` and ``block_size``).
 
 The emitted values are facts of the trainers' 0.2.0 / 0.9.0 releases. Every value a user must set (a
 directory every node sees, server URLs, Mooncake endpoints, the vLLM endpoint) is marked ``FILL`` in
@@ -29,7 +34,8 @@ from types import SimpleNamespace
 import torch
 import yaml
 
-from kimi_eagle.eagle3.layers import convention_table
+from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, KIMI_MASK_TOKEN_ID, mask_token_id
+from kimi_eagle.eagle3.layers import convention_table, drafter_layer_ids, speculators_layer_ids, trainer_layer_ids
 from kimi_eagle.io import write_json, write_text
 
 KIMI_K25 = {"n_layers": 61, "hidden_size": 7168, "vocab_size": 163840}
@@ -71,6 +77,73 @@ class SpeculatorsRecipe:
 
 
 RECIPE = SpeculatorsRecipe()
+
+
+@dataclass(frozen=True)
+class BlockRecipe:
+    """A speculators block drafter of the runbook (``speculators_{type}.sh``) and of bench/peer_trainer.py: DFlash's
+    layer set and the kit's block size (:mod:`kimi_eagle.eagle3.dflash_config`), the target's mask token; the rest is
+    speculators' own default for the type (5 Qwen3 draft layers; ``dflash``: cross-entropy with D-PACE weights;
+    ``dspark``: DFlash plus its Markov and confidence heads, sampling from the anchor)."""
+
+    speculator_type: str  # speculators' --speculator-type
+    block_size: int = BLOCK_SIZE  # speculators' CLI default is 16 for dflash, 8 for dspark: pinned to the kit's
+
+    def flags(self, mask: int | None) -> list[str]:
+        """``speculators train`` flags selecting this drafter (``--mask-token-id`` when the target's is known)."""
+        return ["--block-size", str(self.block_size)] + (["--mask-token-id", str(mask)] if mask is not None else [])
+
+
+BLOCK_RECIPES = {name: BlockRecipe(name) for name in ("dflash", "dspark")}
+BLOCK_HIDDEN_DIR = "hidden_states_dflash"  # dflash and dspark read the same layer set
+
+
+@dataclass(frozen=True)
+class SpeculatorsRun:
+    """What one emitted speculators script varies: the drafter type, the kit's block-output layer ids, the flags
+    selecting the drafter, where its hidden states and checkpoints go, and what the flags select (a comment)."""
+
+    speculator_type: str
+    layer_ids: list[int]
+    flags: list[str]
+    hidden_dir: str
+    save_path: str
+    note: str
+
+
+def eagle3_run(n_layers: int, layer_ids: list[int] | None = None, recipe: SpeculatorsRecipe = RECIPE) -> SpeculatorsRun:
+    """The EAGLE-3 script's run (``speculators.sh``)."""
+    ids = list(drafter_layer_ids("eagle3", n_layers, layer_ids))
+    return SpeculatorsRun("eagle3", ids, recipe.flags(), "hidden_states", "./output/kimi-eagle3-speculators",
+                          "The layer flags select the kit's drafter (no extra norms, full attention), which kimi-eagle evaluate reads:")
+
+
+def block_run(n_layers: int, recipe: BlockRecipe, mask: int | None) -> SpeculatorsRun:
+    """A block drafter's run (``speculators_dflash.sh``, ``speculators_dspark.sh``)."""
+    ids = list(drafter_layer_ids("dflash", n_layers))
+    note = (f"{recipe.speculator_type}: DFlash's {len(ids)} target layers, block {recipe.block_size}, mask token "
+            f"{mask if mask is not None else 'from the verifier tokenizer (speculators resolves it)'}:")
+    return SpeculatorsRun(recipe.speculator_type, ids, recipe.flags(mask), BLOCK_HIDDEN_DIR,
+                          f"./output/kimi-{recipe.speculator_type}-speculators", note)
+
+
+def target_mask_token(target: str, vocab_size: int) -> int | None:
+    """The mask token the block drafters train with: the target's (:func:`kimi_eagle.eagle3.dflash_config.mask_token_id`),
+    Kimi's when only Kimi's vocabulary size is known, else None (speculators then resolves it from the verifier)."""
+    if (Path(target) / "config.json").is_file():
+        try:
+            return mask_token_id(target)
+        except ValueError:  # a config naming no mask/pad/eos/unk: the EAGLE-3 export must not fail for it
+            return None
+    return KIMI_MASK_TOKEN_ID if vocab_size == KIMI_K25["vocab_size"] else None
+
+
+def dflash_table(n_layers: int, mask: int | None) -> dict:
+    """DFlash's layer ids in the kit's and speculators' conventions, with the mask token and block size."""
+    ids = drafter_layer_ids("dflash", n_layers)
+    return {"kimi_block_output": list(ids), "vllm_speculators": trainer_layer_ids(ids, n_layers, "vllm", None),
+            "speculators_file_layers": speculators_layer_ids(ids, n_layers, None), "mask_token_id": mask,
+            "block_size": BLOCK_SIZE}
 
 
 def draft_model_config(target_config: dict | None, *, n_layers: int, hidden_size: int, vocab_size: int,
@@ -144,17 +217,20 @@ def specforge_yaml(cfg: dict) -> str:
 
 
 def speculators_commands(*, target: str, data_dir: str, n_layers: int, max_length: int, draft_vocab_size: int,
-                         layer_ids: list[int] | None = None, recipe: SpeculatorsRecipe = RECIPE) -> str:
-    """A shell script of speculators 0.9.0 command lines over the exported Arrow rows."""
-    table = convention_table(n_layers, layer_ids)
+                         layer_ids: list[int] | None = None, recipe: SpeculatorsRecipe = RECIPE,
+                         run: SpeculatorsRun | None = None) -> str:
+    """A shell script of speculators 0.9.0 command lines over the exported Arrow rows: capture, then train the
+    drafter of ``run`` (default: EAGLE-3 with ``recipe``'s flags, :func:`eagle3_run`)."""
+    run = run or eagle3_run(n_layers, layer_ids, recipe)
     q = shlex.quote
-    aux = " ".join(str(i) for i in table["vllm_speculators"])
-    capture = ",".join(str(i) for i in table["speculators_file_layers"])
+    aux = " ".join(str(i) for i in trainer_layer_ids(run.layer_ids, n_layers, "vllm", None))
+    capture = ",".join(str(i) for i in speculators_layer_ids(run.layer_ids, n_layers, None))
+    hidden = f"$DATA/{run.hidden_dir}"
     return "\n".join([
         "#!/bin/sh",
-        "# speculators 0.9.0 over kimi-eagle export-data rows (exact IDs; prepare-data is not needed:",
+        f"# speculators 0.9.0 {run.speculator_type} over kimi-eagle export-data rows (exact IDs; prepare-data is not needed:",
         "# the export already is its Arrow dataset with token_freq.pt and d2t/t2d).",
-        f"# layer ids: kit block outputs {table['kimi_block_output']} = vLLM capture-before {table['vllm_speculators']};",
+        f"# layer ids: kit block outputs {run.layer_ids} = vLLM capture-before [{aux.replace(' ', ', ')}];",
         f"# hidden-state files hold layers {capture} (the last is the final layer before the norm).",
         f"# {FILL} before running: " + "; ".join(f"{k}: {what}" for k, what in SPECULATORS_FILL),
         "set -e",
@@ -162,17 +238,17 @@ def speculators_commands(*, target: str, data_dir: str, n_layers: int, max_lengt
         f"TARGET={q(target)}",
         f"ENDPOINT=${{ENDPOINT:-http://localhost:8000/v1}}  # {FILL}",
         "# 1. vLLM serving the target with hidden-state capture of layers " + capture + " at $ENDPOINT.",
-        "# 2. hidden states, one hs_{row}.safetensors per row, into $DATA/hidden_states:",
+        f"# 2. hidden states, one hs_{{row}}.safetensors per row, into {hidden}:",
         "speculators generate-offline-data --model \"$TARGET\" --endpoint \"$ENDPOINT\" \\",
-        "  --preprocessed-data \"$DATA\" --output \"$DATA/hidden_states\" --validate-outputs",
+        f"  --preprocessed-data \"$DATA\" --output \"{hidden}\" --validate-outputs",
         "# 3. train (or skip step 2 and let training fetch hidden states on demand with --on-missing generate).",
-        "#    The layer flags select the kit's drafter (no extra norms, full attention), which kimi-eagle evaluate reads:",
-        "speculators train --speculator-type eagle3 --verifier-name-or-path \"$TARGET\" \\",
+        f"#    {run.note}",
+        f"speculators train --speculator-type {run.speculator_type} --verifier-name-or-path \"$TARGET\" \\",
         f"  --data-path \"$DATA\" --target-layer-ids {aux} --draft-vocab-size {draft_vocab_size} \\",
         f"  --d2t-path \"$DATA/d2t-{draft_vocab_size}.npy\" --t2d-path \"$DATA/t2d-{draft_vocab_size}.npy\" \\",
-        f"  {' '.join(recipe.flags())} \\",
-        f"  --hidden-states-path \"$DATA/hidden_states\" --on-missing skip --total-seq-len {max_length} \\",
-        "  --save-path ./output/kimi-eagle3-speculators",
+        f"  {' '.join(run.flags)} \\",
+        f"  --hidden-states-path \"{hidden}\" --on-missing skip --total-seq-len {max_length} \\",
+        f"  --save-path {run.save_path}",
         "",
     ])
 
@@ -190,8 +266,10 @@ def write_configs(out: Path, to: str, *, target: str, n_layers: int, hidden_size
                   draft_vocab_size: int, max_length: int) -> list[Path]:
     """Write the configs for the export target ``to`` into ``out``; returns the paths written."""
     table = convention_table(n_layers)
+    mask = target_mask_token(target, vocab_size) if to == "speculators" else None
     written = [write_json(out / "layer_ids.json", {"n_layers": n_layers, "hidden_size": hidden_size,
-                                                    "vocab_size": vocab_size, **table})]
+                                                    "vocab_size": vocab_size, **table,
+                                                    "dflash": dflash_table(n_layers, mask)})]
     if to == "specforge":
         written.append(write_json(out / DRAFT_CONFIG_FILE, draft_model_config(
             target_config_of(target), n_layers=n_layers, hidden_size=hidden_size, vocab_size=vocab_size,
@@ -201,7 +279,9 @@ def write_configs(out: Path, to: str, *, target: str, n_layers: int, hidden_size
                                    offline=offline)
             written.append(write_text(out / name, specforge_yaml(cfg)))
     elif to == "speculators":
-        written.append(write_text(out / "speculators.sh", speculators_commands(
-            target=target, data_dir=str(out), n_layers=n_layers, max_length=max_length,
-            draft_vocab_size=draft_vocab_size)))
+        for name, run in [("speculators.sh", None)] + [(f"speculators_{k}.sh", block_run(n_layers, r, mask))
+                                                      for k, r in BLOCK_RECIPES.items()]:
+            written.append(write_text(out / name, speculators_commands(
+                target=target, data_dir=str(out), n_layers=n_layers, max_length=max_length,
+                draft_vocab_size=draft_vocab_size, run=run)))
     return written

@@ -13,6 +13,14 @@ sequence with document ids; ``pack=False`` runs the rows of a step one by one an
 (:func:`~kimi_eagle.eagle3.train.batch_indices` with the same seed), AdamW (betas 0.9/0.95, no weight
 decay), the warmup + cosine schedule, gradient clipping, hidden states in float32.
 
+The block drafters (``dflash``, ``dspark``; :data:`~kimi_eagle.apps.interop.configs.BLOCK_RECIPES`, the drafters
+``speculators_dflash.sh``/``speculators_dspark.sh`` train) are built the same way (:func:`build_block_model`, the
+loss settings speculators' own ``TrainConfig`` resolves for the type) and stepped by :func:`block_step` over the
+same packed rows with DFlash's hidden states (``hidden_states_dflash``, no shift: speculators' preprocess table has
+none for them). Their CPU cost is set by ``max_anchors`` (anchor blocks per step, padded to it: speculators'
+default 512 × block 8 = 4,096 query tokens whatever the rows hold); the fastest CPU setting is ``sdpa`` with
+``max_anchors`` = the step's valid anchors (:func:`valid_anchors`).
+
 speculators is imported inside the functions only: the kit runs without it.
 """
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from kimi_eagle.apps.interop.configs import RECIPE, SpeculatorsRecipe
+from kimi_eagle.apps.interop.configs import BLOCK_HIDDEN_DIR, BLOCK_RECIPES, RECIPE, SpeculatorsRecipe
 from kimi_eagle.eagle3.layers import trainer_layer_ids
 from kimi_eagle.eagle3.train import lr_schedule
 
@@ -89,27 +97,32 @@ def build_model(cfg: PeerConfig, aux_layer_ids: Sequence[int]):
 
 
 class PeerData:
-    """speculators' ``ArrowDataset`` over the export (file ``hs_i`` = Arrow row ``i``) and its packing collate."""
+    """speculators' ``ArrowDataset`` over the export (file ``hs_i`` = Arrow row ``i`` of ``hidden_dir``) and its
+    packing collate, with the preprocessing speculators' train CLI gives ``kind`` (EAGLE-3: ``shift_batch``)."""
 
-    def __init__(self, export_dir: str | Path, hidden_size: int):
+    def __init__(self, export_dir: str | Path, hidden_size: int, kind: str = "eagle3", hidden_dir: str = "hidden_states",
+                 num_target_layers: int = 3):
         _require_speculators()
+        from hs_connectors import FileTransfer
+        from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import ArrowDataset
 
         self.dataset = ArrowDataset(max_len=1 << 30, datapath=str(export_dir), on_missing="raise",
-                                    hidden_states_dtype=torch.float32)
-        self.hidden_size = hidden_size
+                                    transfer=FileTransfer(Path(export_dir) / hidden_dir), hidden_states_dtype=torch.float32)
+        self.hidden_size, self.num_target_layers = hidden_size, num_target_layers
+        self.preprocess = {"eagle3": shift_batch}.get(kind)  # speculators' cli.preprocess_fns: none for block drafters
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def batch(self, rows: Sequence[int]) -> dict:
-        """The packed batch of ``rows`` (``shift_batch`` per row, ``CollateFn`` with room for all of them)."""
-        from speculators.models.eagle3.data import shift_batch
+        """The packed batch of ``rows`` (the preprocessing per row, ``CollateFn`` with room for all of them)."""
         from speculators.train.data import CollateFn
 
         items = [self.dataset[i] for i in rows]
-        total = sum(int(it["input_ids"].shape[0]) - 1 for it in items)
-        batch = CollateFn(max_len=total, hidden_size=self.hidden_size, dtype=torch.float32, preprocess=shift_batch)(items)
+        total = sum(int(it["input_ids"].shape[0]) - (self.preprocess is not None) for it in items)  # a shift drops one
+        batch = CollateFn(max_len=total, hidden_size=self.hidden_size, num_target_layers=self.num_target_layers,
+                          dtype=torch.float32, preprocess=self.preprocess)(items)
         batch.pop("error_records", None)
         return batch
 
@@ -162,3 +175,82 @@ def train_peer(cfg: PeerConfig, aux_layer_ids: Sequence[int], batches: Sequence[
     model.save_pretrained(str(out))
     return {"losses": losses, "acc0": acc0, "seconds": seconds, "tokens": tokens,
             "train_tokens_per_s": tokens / seconds if seconds else None, "drafter": str(out)}
+
+
+# ------------------------------------------------------------------------------------------
+# speculators' block drafters (dflash, dspark)
+
+
+@dataclass
+class BlockPeerConfig:
+    """speculators' block drafter of ``speculators_{kind}.sh`` on CPU: its defaults for the type (5 Qwen3 draft layers,
+    sliding window 2,048 = full attention on these rows), the runbook's block size and mask token."""
+
+    export_dir: str  # the export, hidden states in export_dir/hidden_states_dflash
+    target: str
+    kind: str = "dflash"
+    draft_vocab_size: int = 256
+    seed: int = 0
+    attn_impl: str = "sdpa"  # "sdpa" (fastest on CPU) or "eager"; flex attention has no CPU backward
+    max_anchors: int | None = None  # None: the step's valid anchors (speculators' default: 512, padded to it)
+
+
+def block_train_settings(cfg: BlockPeerConfig) -> dict:
+    """speculators' own resolved run for the type (``TrainConfig``: loss, per-position weights, draft layers), with
+    the eager loss (the fused one needs Triton)."""
+    from speculators.train.config import TrainConfig
+
+    flat = TrainConfig.resolve(["--speculator-type", cfg.kind, "--verifier-name-or-path", cfg.target,
+                                "--data-path", cfg.export_dir]).flatten()
+    return {**flat, "loss_implementation": "eager"}
+
+
+def build_block_model(cfg: BlockPeerConfig, aux_layer_ids: Sequence[int], mask_token_id: int):
+    """speculators' ``dflash``/``dspark`` drafter built by its own ``from_training_args`` (the CLI's path), with the
+    export's ``d2t``/``t2d``, DFlash's layer set (capture-before ids), the recipe's block size and ``mask_token_id``."""
+    _require_speculators()
+    import numpy as np
+    from speculators import SpeculatorModel
+    from speculators.train.cli import create_transformer_layer_config
+    from transformers import AutoConfig
+
+    flat = block_train_settings(cfg)
+    export = Path(cfg.export_dir)
+    d2t = torch.from_numpy(np.load(export / f"d2t-{cfg.draft_vocab_size}.npy")).to(torch.long)
+    t2d = torch.from_numpy(np.load(export / f"t2d-{cfg.draft_vocab_size}.npy")).to(torch.bool)
+    n_layers = AutoConfig.from_pretrained(cfg.target).num_hidden_layers
+    layer_config = create_transformer_layer_config(
+        str(cfg.target), num_layers=flat["num_layers"], draft_arch=flat["draft_arch"],
+        hidden_act=flat["draft_hidden_act"], sliding_window=flat["sliding_window"],
+        full_attention_indices=flat["full_attention_indices"])
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        model = SpeculatorModel.registry[cfg.kind].from_training_args(
+            layer_config, t2d=t2d, d2t=d2t, verifier_name_or_path=str(cfg.target), draft_vocab_size=cfg.draft_vocab_size,
+            target_layer_ids=trainer_layer_ids(aux_layer_ids, n_layers, "speculators", None), draft_attn_impl=cfg.attn_impl,
+            block_size=BLOCK_RECIPES[cfg.kind].block_size, mask_token_id=mask_token_id)
+    return model.float()
+
+
+def block_data(cfg: BlockPeerConfig, model) -> PeerData:
+    """The export's rows with DFlash's hidden states, as speculators' loader reads them for ``cfg.kind``."""
+    return PeerData(cfg.export_dir, model.config.transformer_layer_config.hidden_size, cfg.kind, BLOCK_HIDDEN_DIR,
+                    len(model.target_layer_ids))
+
+
+def valid_anchors(batch: dict, block_size: int) -> int:
+    """The anchors speculators' ``select_anchors`` can pick in a packed batch (supervised, not in the last block)."""
+    mask = batch["loss_mask"].bool().clone()
+    mask[:, -block_size:] = False
+    return int(mask.sum())
+
+
+def block_step(model, data: PeerData, rows: Sequence[int], cfg: BlockPeerConfig, settings: dict) -> tuple[float, int, int]:
+    """Forward and backward of one step of ``rows`` packed into one sequence; returns ``(loss, real tokens,
+    anchors)``. ``cfg.max_anchors`` None: the step's valid anchors (nothing padded)."""
+    batch = data.batch(rows)
+    anchors = cfg.max_anchors or max(1, valid_anchors(batch, model.block_size))
+    kwargs, _ = type(model).get_trainer_kwargs(**{**settings, "max_anchors": anchors})
+    _drafts, loss, _metrics = model(**batch, **kwargs)
+    loss.backward()
+    return float(loss.detach()), int((batch["document_ids"] != -1).sum()), anchors

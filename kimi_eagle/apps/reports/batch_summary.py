@@ -37,6 +37,7 @@ from kimi_eagle.apps.reports.toolkit import (
     verdict_color,
 )
 from kimi_eagle.apps.reports.toolkit import title as chart_title
+from kimi_eagle.diff.classify import TOKEN_DELTA_SIGN
 from kimi_eagle.io import atomic_path, write_text
 
 BOUND_SUFFIXES = [("_ci", None), ("_lo", "_hi"), ("_low", "_high"), ("_ci_low", "_ci_high"), ("_ci_lo", "_ci_hi")]
@@ -171,16 +172,20 @@ def readable(name: str) -> str:
     return said + SIGNED.get(name, "")
 
 
-SIGNED = {"billing_gap_pct": f" ({SIGN_GAP})", "token_delta": " (engine − reconstructed)"}  # a difference says its sign
+SIGNED = {"billing_gap_pct": f" ({SIGN_GAP})", "token_delta": f" ({TOKEN_DELTA_SIGN})"}  # a difference says its sign
 
 
 def constant_metrics(df: pd.DataFrame) -> dict[str, Any]:
-    """Metric columns with one value in every run that has them (at least two runs): ``{column: value}``."""
+    """Metric columns with one value in every finished run (at least two): ``{column: value}``. A value missing
+    from some finished run is not "the same in every run" (#35): it stays in the tables, where the gap shows."""
+    finished = df[df["status"] == "ok"] if "status" in df else df
     out: dict[str, Any] = {}
     for c in _metric_columns(df):
-        present = [_native(v) for v in df[c] if _present(v)]
-        if len(present) >= 2 and all(_same(v, present[0]) for v in present[1:]):
-            out[c] = present[0]
+        values = list(finished[c])
+        if len(values) >= 2 and all(_present(v) for v in values):
+            first = _native(values[0])
+            if all(_same(_native(v), first) for v in values[1:]):
+                out[c] = first
     return out
 
 
@@ -201,8 +206,8 @@ def _nonzero(values: pd.Series) -> bool:
 
 
 def _run_figure(n_runs: int) -> tuple[Figure, Any]:
-    """A figure tall enough for one horizontal bar per run."""
-    return figure((8, max(2.2, 0.45 * n_runs + 1.3)))
+    """A figure tall enough for one horizontal bar per run, a wrapped title above and a legend below."""
+    return figure((8, max(3.0, 0.45 * n_runs + 2.0)))  # room for a two-line title and a legend below (#35)
 
 
 def stacked_chart(df: pd.DataFrame, cols: list[str], name: str) -> Figure:

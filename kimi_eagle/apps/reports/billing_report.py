@@ -25,13 +25,14 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kimi_eagle.apps.reports.outputs import write_summary_tables
 from kimi_eagle.apps.reports.toolkit import (
     SIGN_CONVENTION,
     TOY_NOTE,
@@ -49,15 +50,23 @@ from kimi_eagle.apps.reports.toolkit import (
     left_out_section,
     no_data,
     plain,
+    provider_table_html,
     save,
     section,
     serving_evidence_html,
     title,
 )
 from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
+from kimi_eagle.diff.billing_accuracy import billing_accuracy
 from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
 from kimi_eagle.io import atomic_path, write_json, write_text
-from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_evidence, serving_line
+from kimi_eagle.reconstruct.auto_serving import (
+    provider_rows,
+    serving_by_provider,
+    serving_evidence,
+    serving_line,
+    unexplained_finding,
+)
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 EVIDENCE = "billing-only"
@@ -65,13 +74,15 @@ EVIDENCE_TAG = "billing-only evidence"  # the second line of every chart title
 DATA_LABELS = ("real", "simulated", "toy")  # "toy": a toy model on the real engine (tiny-kimi)
 CLASS_COLORS = {c: VERDICT_COLORS[c] for c in ("match", "explained", "unexplained", "no_billing", "error")}  # the one scheme
 BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_MIN_N = 5  # fewer records: no interval ("n too small"), never a one-point "95% CI" (#35)
 
 
 def bootstrap_ratio_ci(numerator: np.ndarray, denominator: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
                        seed: int = 0) -> tuple[float, float] | None:
-    """Percentile bootstrap 95% interval of ``sum(numerator) / sum(denominator)`` over records (None if empty)."""
+    """Percentile bootstrap 95% interval of ``sum(numerator) / sum(denominator)`` over records; None when there are
+    fewer than :data:`BOOTSTRAP_MIN_N` records (resampling one record gives one point, not an interval)."""
     num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-    if not len(num) or den.sum() <= 0:
+    if len(num) < BOOTSTRAP_MIN_N or den.sum() <= 0:
         return None
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(num), size=(resamples, len(num)))
@@ -160,7 +171,10 @@ def metrics(summary: dict[str, Any]) -> dict[str, Any]:
             "billing_gap_pct": a["gap_pct"], "billing_gap_pct_ci": [a["gap_pct_lo"], a["gap_pct_hi"]],
             "billing_unexplained_gap_pct": a["unexplained_gap_pct"],
             "billing_unexplained_rate": a["unexplained_rate"],
-            "billing_unexplained_rate_ci": [a["unexplained_lo"], a["unexplained_hi"]]}
+            "billing_unexplained_rate_ci": [a["unexplained_lo"], a["unexplained_hi"]],
+            **({f"billing_accuracy_{k}": summary["accuracy"][k] for k in ("n_labelled", "explained", "wrong_cause",
+                                                                        "ambiguous", "unseen_effects")}
+               if summary.get("accuracy") else {})}
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +224,8 @@ def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
         v = t[what].astype(float).to_numpy()
         err = np.clip(np.array([v - t[f"{what}_lo"].astype(float), t[f"{what}_hi"].astype(float) - v]), 0, None)
         bars = ax1.bar(x + off, v, 0.4, yerr=err, capsize=4, color=color, label=label)
-        ax1.bar_label(bars, labels=[f"{val:+.3f}%" for val in v], padding=3, fontsize=7)
+        ax1.bar_label(bars, labels=[f"{val:+.3f}%" + ("" if np.isfinite(e) else f"\n(n < {BOOTSTRAP_MIN_N}: no CI)")
+                                    for val, e in zip(v, t[f"{what}_lo"].astype(float))], padding=3, fontsize=7)
         tops.append(v + np.nan_to_num(err[1]))
         bottoms.append(v - np.nan_to_num(err[0]))
     _headroom(ax1, np.concatenate(tops) if tops else np.zeros(1), np.concatenate(bottoms) if bottoms else np.zeros(1))
@@ -298,8 +313,10 @@ def _pct(v: float | None) -> str:
 def _headline_html(summary: dict[str, Any]) -> list[str]:
     a = summary["all"]
     return [f"<p>{summary['n_records']:,} records: " + ", ".join(f"{v:,} {k}" for k, v in summary["verdict_class"].items())
-            + f". Gap (billed − reconstructed): <b>{_pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens (95% CI "
-            f"{_pct(a['gap_pct_lo'])} … {_pct(a['gap_pct_hi'])}); not explained by known conventions: "
+            + f". Gap (billed − reconstructed): <b>{_pct(a['gap_pct'])}</b> of {a['billed_tokens']:,} billed tokens ("
+            + (f"95% CI {_pct(a['gap_pct_lo'])} … {_pct(a['gap_pct_hi'])}" if a["gap_pct_lo"] is not None else
+               f"fewer than {BOOTSTRAP_MIN_N} rated records: n too small for an interval")
+            + "); not explained by known conventions: "
             f"<b>{_pct(a['unexplained_gap_pct'])}</b>.</p>"]
 
 
@@ -322,7 +339,9 @@ CONVENTION_HEADERS = {"end_of_turn": "end of turn (convention followed)",
 
 
 def _with_ci(v: float | None, lo: float | None, hi: float | None) -> str:
-    return "–" if _pct(v) == "–" else f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]"
+    if _pct(v) == "–":
+        return "–"
+    return f"{_pct(v)} [n too small for an interval]" if _pct(lo) == "–" else f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]"
 
 
 def _share(v: float | None) -> str:
@@ -394,6 +413,40 @@ def _reasons_html(summary: dict[str, Any]) -> list[str]:
             _table(pd.DataFrame([{"reason": k, "records": v} for k, v in summary["no_billing_reasons"].items()]))]
 
 
+ACCURACY_HEADERS = {"cause": "cause (from the label)", "support": "labelled records", "predicted": "verdicts naming it",
+                    "correct": "correct"}
+
+
+def accuracy_tables(acc: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The confusion (label cause rows, verdict cause columns) and per cause its precision and recall as
+    ``k/n (share) [Wilson 95% CI]``, and how many of its records got an ambiguous verdict."""
+    conf = pd.DataFrame(acc["matrix"], index=acc["labels"], columns=acc["verdicts"])
+    conf.insert(0, "label \\ billing verdict", acc["labels"])
+    rows = []
+    for r in acc["per_cause"]:
+        rows.append({**{h: r[k] for k, h in ACCURACY_HEADERS.items()},
+                     "precision [Wilson 95% CI]": f"{r['correct']}/{r['predicted']} ({_share(r['precision'])}) "
+                     f"[{_share(r['precision_lo'])}, {_share(r['precision_hi'])}]" if r["predicted"] else "– (never named)",
+                     "recall [Wilson 95% CI]": f"{r['correct']}/{r['support']} ({_share(r['recall'])}) "
+                     f"[{_share(r['recall_lo'])}, {_share(r['recall_hi'])}]",
+                     "ambiguous verdicts": r["ambiguous"]})
+    return conf, pd.DataFrame(rows)
+
+
+def _accuracy_html(summary: dict[str, Any]) -> list[str]:
+    acc = summary.get("accuracy")
+    if not acc:
+        return []
+    conf, per = accuracy_tables(acc)
+    return ["<h2>Labelled input: billing verdicts against the labels</h2>",
+            f"<p class='accuracy'>{acc['n_labelled']:,} labelled records; {acc['explained']:,} explained verdicts, "
+            f"{acc['wrong_cause']:,} of them naming a single cause that is not the label's; {acc['ambiguous']:,} "
+            f"ambiguous (several causes fit the counts, all named); {acc['unseen_effects']:,} labelled effects left the "
+            "billed count equal to the reconstruction, so billing alone cannot see them (they count as misses).</p>",
+            "<p>Confusion: the label's billing cause (rows) against the cause the billing verdict names (columns):</p>",
+            _table(conf), "<p>Per cause: precision and recall of the billing verdicts:</p>", _table(per)]
+
+
 def _errors_html(summary: dict[str, Any]) -> list[str]:
     return ["<h2>Errors (first 20)</h2>", _table(pd.DataFrame(summary["errors"]))] if summary["errors"] else []
 
@@ -431,6 +484,7 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
         ("headline", lambda: _headline_html(summary)), ("verdicts", lambda: _verdicts_html(summary, image)),
         ("per provider", lambda: _providers_html(summary, image)), ("per dataset", lambda: _datasets_html(summary, image)),
         ("worst records", lambda: _worst_html(summary)), ("segments", lambda: _segments_html(segments or {})),
+        ("accuracy", lambda: _accuracy_html(summary)),
         ("no billing", lambda: _reasons_html(summary)), ("errors", lambda: _errors_html(summary)))
     body: list[str] = []
     for name, build in sections:
@@ -439,11 +493,13 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
                                        "stands without them (<code>summary.json[\"left_out\"]</code>).")
     return html_page("kimi-eagle billing-only report", [
         f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
+        *[finding(html.escape(t)) for t in [unexplained_finding(summary.get("providers") or [])] if t],
         finding(html.escape(billing_finding(summary))),
         BANNER.format(data=html.escape(data)), *([f"<p class='data toy'>{html.escape(TOY_NOTE)}</p>"] if data == "toy" else []),
         f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>", *left_out,
         *[f"<p class='serving'>{html.escape(t)}</p>" for t in [serving_line(summary.get("serving_by_provider"))] if t],
         *serving_evidence_html(summary.get("serving_evidence")),
+        *provider_table_html(summary.get("providers")),
         *body,
     ], "billing")
 
@@ -452,8 +508,9 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
 
 
 def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str | Path, data: str = "real",
-                  meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Reconcile every row, write the records, summary, metrics, charts and report into ``out_dir``; return the summary."""
+                  meta: dict[str, Any] | None = None, labels: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """Reconcile every row, write the records, summary, metrics, charts and report into ``out_dir``; return the summary.
+    With ``labels`` (``{id: expected diff label}``), the summary and page carry the verdicts' accuracy."""
     if data not in DATA_LABELS:
         raise ValueError(f"data must be one of {DATA_LABELS}, not {data!r}")
     out = Path(out_dir)
@@ -461,10 +518,14 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     with atomic_path(out / "billing_records.parquet") as tmp:
         pq.write_table(pa.Table.from_pandas(records, schema=BILLING_SCHEMA, preserve_index=False), tmp)
     summary = summarize_billing(records, data)
+    if labels and (acc := billing_accuracy(records, labels)):
+        summary["accuracy"] = acc
     if by_serving := serving_by_provider(recon_rows):  # the reconstruction's `serving` column (issue 23)
         summary["serving_by_provider"] = by_serving
     if evidence := serving_evidence((meta or {}).get("reconstructed")):  # --serving auto's choice and evidence
         summary["serving_evidence"] = evidence
+    if providers := provider_rows((meta or {}).get("reconstructed")):  # the per-provider table (provider table, groups)
+        summary["providers"] = providers
     notes: list[dict[str, Any]] = []
     charts = make_charts(records, summary, out, notes)
     by_id: dict[str, dict[str, Any]] = {}
@@ -485,6 +546,7 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
                               (("chart", "charts"), ("section", "sections"), ("segments", "segments"))},
                            "notes": notes[:MAX_NOTES]}
     write_json(out / "summary.json", json.loads(json.dumps(summary, default=str)))
+    write_summary_tables(json.loads(json.dumps(summary, default=str)), out / "summary.json")  # summary.md, .csv
     write_json(out / "metrics.json", metrics(summary))
     write_text(out / "report.html", page)
     return summary

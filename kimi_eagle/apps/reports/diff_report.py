@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kimi_eagle.apps.reports.outputs import write_summary_tables
 from kimi_eagle.apps.reports.toolkit import (
     SIGN_CONVENTION,
     TOY_NOTE,
@@ -45,7 +46,7 @@ from kimi_eagle.apps.reports.toolkit import (
     serving_evidence_html,
     title,
 )
-from kimi_eagle.diff.classify import LABELS
+from kimi_eagle.diff.classify import LABELS, TOKEN_DELTA_SIGN
 from kimi_eagle.diff.run import DiffResult
 from kimi_eagle.diff.summary import (
     LEFT_OUT_PARTS,
@@ -178,7 +179,7 @@ def chart_token_delta(records: pd.DataFrame, data: str | None = None) -> Figure:
     diff = ok[ok["verdict"] != "exact"]
     fig, ax = figure((8.5, 4.2))
     if len(diff):
-        d = (-diff["token_delta"]).clip(-20, 20)  # the stored token_delta is reconstructed − engine
+        d = diff["token_delta"].clip(-20, 20)  # the one sign: TOKEN_DELTA_SIGN, as stored in records.parquet
         counts, _, bars = ax.hist(d, bins=np.arange(-20.5, 21.5), color="#6a1b9a",
                                   label=f"differing records ({len(diff):,})")
         ax.bar_label(bars, labels=[f"{int(c)}" if c else "" for c in counts], fontsize=7, padding=1)
@@ -188,7 +189,7 @@ def chart_token_delta(records: pd.DataFrame, data: str | None = None) -> Figure:
         no_data(ax, "differing records")
         ax.set_ylabel("records")
     integer_axis(ax, "x")
-    ax.set(xlabel="engine − reconstructed tokens (clipped at ±20)")
+    ax.set(xlabel=f"token delta: {TOKEN_DELTA_SIGN} tokens (clipped at ±20)")
     title(ax, f"Token-count delta per differing record ({len(diff):,} records)", data)
     fig.tight_layout()
     return fig
@@ -467,6 +468,7 @@ def write_report(result: DiffResult, out_dir: str | Path, data: str | None = Non
     page = render_html(summary, screened, charts, tok, notes)
     summary["left_out"] = left_out_counts(notes)
     write_text(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    write_summary_tables(json.loads(json.dumps(summary, default=str)), out / "summary.json")  # summary.md, .csv
     write_text(out / "report.html", page)
     return summary
 

@@ -20,8 +20,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.ticker import MaxNLocator
 
+from kimi_eagle import data_kinds
 from kimi_eagle.diff.summary import error_reason, left_out_note
 from kimi_eagle.io import write_figure
 
@@ -33,9 +35,12 @@ VERDICT_COLORS = {"exact": "#388e3c", "match": "#388e3c", "bpe_split": "#1976d2"
                   "semantic": "#d32f2f", "unexplained": "#d32f2f", "no_billing": "#9e9e9e", "missing_engine": "#9e9e9e",
                   "missing_api": "#9e9e9e", "error": "#424242"}
 # one sign convention on every page: stated at the top, and in every axis label and table header that shows a difference
-SIGN_CONVENTION = ("Differences on this page are reference − reconstructed (engine − reconstructed tokens, billed − "
-                   "reconstructed tokens): positive means the reconstruction has fewer tokens. The part of a billing gap "
-                   "not explained by hunks is (billed − reconstructed) − (engine − reconstructed) = billed − engine.")
+SIGN_CONVENTION = ("Signs: a token delta (records.parquet and hunks.parquet token_delta, the token-delta chart, the "
+                   "inspector, the playground) is reconstructed − engine tokens: negative means the reconstruction has "
+                   "fewer tokens. Billing gaps are reference − reconstructed (billed − reconstructed; explained by hunks: "
+                   "engine − reconstructed = −token delta): positive means the reconstruction has fewer tokens. The part "
+                   "of a billing gap not explained by hunks is (billed − reconstructed) − (engine − reconstructed) = "
+                   "billed − engine.")
 # run status, in the same scheme: finished green, failed red, not there grey
 STATUS_COLORS = {"ok": "#388e3c", "error": "#d32f2f", "failed": "#d32f2f", "missing": "#9e9e9e",
                  "missing_engine": "#9e9e9e", "missing_api": "#9e9e9e"}
@@ -80,16 +85,20 @@ def figure(figsize: tuple[float, float], ncols: int = 1, layout: str | None = No
     return fig, fig.subplots(1, ncols)
 
 
-DATA_TAGS = {"simulated": "[SIMULATED data]", "real": "[REAL data]",
-             "toy": "[REAL engine, toy model (not Kimi's rates)]"}  # "toy": tiny-kimi, a barely trained model
-TOY_NOTE = ("REAL engine, toy model (not Kimi's rates): tiny-kimi, a small model over Kimi token IDs trained for minutes "
-            "on CPU, served by the real engine and collected through the real API path. It emits malformed outputs, so "
-            "its mismatch and billing rates say nothing about Kimi or any provider; they only show the kit end to end.")
+DATA_TAGS = dict(data_kinds.TAGS)  # the one vocabulary (kimi_eagle.data_kinds): real, simulated, toy, stand-in: …
+TOY_NOTE = ("REAL engine, toy model (not Kimi's rates): a small model that is not Kimi — stories260K (a 260K-parameter "
+            "story model with its own tokenizer) or tiny-kimi (a small model over Kimi token IDs trained for minutes on "
+            "CPU, which emits malformed outputs) — served by the real engine and collected through the real API path. "
+            "Its mismatch and billing rates say nothing about Kimi or any provider; they only show the kit end to end.")
 
 
 def data_tag(data: str) -> str:
-    """The tag every chart of ``data`` carries: :data:`DATA_TAGS`, else ``[<DATA> data]``."""
-    return DATA_TAGS.get(data, f"[{data.upper()} data]")
+    """The tag every chart of ``data`` carries: :func:`kimi_eagle.data_kinds.data_tag` (``[REAL data]``,
+    ``[STAND-IN data: stories260K served locally]``, ...), else ``[<DATA> data]``."""
+    try:
+        return data_kinds.data_tag(data)
+    except ValueError:
+        return DATA_TAGS.get(data, f"[{data.upper()} data]")
 
 
 def title(ax: Any, text: str, data: str | None = None, fontsize: float = 10.5, wrap_to: str = "axes") -> None:
@@ -98,7 +107,9 @@ def title(ax: Any, text: str, data: str | None = None, fontsize: float = 10.5, w
     figure (``"figure"``) so it is never clipped."""
     full = f"{data_tag(data)} {text}" if data else text
     fig = ax.figure
-    width = ax.get_position().width if wrap_to == "axes" else 1.0
+    pos = ax.get_position()
+    centre = pos.x0 + pos.width / 2  # a title is centred over its axes: "figure" is the room on both sides of it
+    width = pos.width if wrap_to == "axes" else 2 * min(centre, 1 - centre)
     chars = max(20, int(width * fig.get_figwidth() * 72 / (fontsize * 0.55)))
     ax.set_title("\n".join(textwrap.wrap(full, chars)), fontsize=fontsize)
 
@@ -127,11 +138,38 @@ def no_data(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what}", ha="center", va="center", transform=ax.transAxes, color="#777")
 
 
+def fit_titles(fig: Figure) -> bool:
+    """Re-wrap every axes title wider than the room around its axes' centre once the layout is known (long run
+    names push an axes right, and a title wrapped to the figure's width was cut at its edge, #35). True when one
+    was re-wrapped."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    width, changed = fig.bbox.width, False
+    for ax in fig.axes:
+        text = ax.title.get_text()
+        box = ax.title.get_window_extent(renderer)
+        centre = (box.x0 + box.x1) / 2
+        room = 2 * min(centre, width - centre) - 8
+        if text and box.width > room > 0:
+            longest = max(len(line) for line in text.split("\n"))
+            chars = max(12, int(longest * room / box.width) - 1)
+            ax.set_title("\n".join(textwrap.wrap(" ".join(text.split()), chars)), fontsize=ax.title.get_fontsize())
+            changed = True
+    return changed
+
+
 def save(fig: Figure, path: str | Path, dpi: int = 110, tight: bool = True) -> Path:
-    """Write ``fig`` as a PNG to ``path`` (atomically; laid out tight first unless ``tight`` is False)."""
+    """Write ``fig`` as a PNG to ``path`` (atomically; laid out tight first unless ``tight`` is False), and in the
+    ``--figure-format`` beside it, at ``--dpi`` when given (:func:`kimi_eagle.apps.reports.outputs.chart_files`)."""
+    from kimi_eagle.apps.reports.outputs import chart_files
+
     if tight and fig.get_layout_engine() is None:
         fig.tight_layout()
-    write_figure(fig, path, dpi=dpi)
+    if fit_titles(fig) and not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+        fig.tight_layout()  # room above for the re-wrapped title
+    for target, at in chart_files(path, dpi):
+        write_figure(fig, target, dpi=at)
     return Path(path)
 
 
@@ -299,3 +337,24 @@ def serving_evidence_html(lines: list[str] | None) -> list[str]:
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     return [f"<div class='serving-evidence'><p>serving profile chosen per provider (--serving auto, "
             f"from the billed counts and the answers):</p><ul>{items}</ul></div>"]
+
+
+PROVIDER_COLUMNS = ("provider", "scope", "chosen", "prompt", "completion", "residual", "records")
+
+
+def provider_table_html(rows: list[dict] | None) -> list[str]:
+    """The per-provider table of a ``--serving auto`` reconstruction (kimi_eagle.reconstruct.auto_serving
+    ``provider_rows``): what was chosen for each provider and how, prompt and completion parity (billed counts equal
+    to the reconstruction, calibrated or as evidence), the residual of what nothing explains; unexplained rows first
+    and marked."""
+    if not rows:
+        return []
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in PROVIDER_COLUMNS)
+    body = "".join(
+        f"<tr class='{'unexplained' if r['unexplained'] else 'explained'}'>"
+        + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in PROVIDER_COLUMNS) + "</tr>" for r in rows)
+    return ["<h2>Per provider: serving variant, prompt and completion parity</h2>",
+            "<p>prompt and completion: records whose billed count equals the reconstruction (under the variant's "
+            "count conventions) / records compared, from the provider table's calibration or the group's own "
+            "evidence; residual: billed - reconstructed where the table explains nothing.</p>",
+            f"<table class='providers'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]

@@ -15,17 +15,17 @@ from typing import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from kimi_eagle.apps.reports.outputs import write_chart
 from kimi_eagle.apps.reports.toolkit import data_tag
 from kimi_eagle.eagle3.train import read_history
-from kimi_eagle.io import write_figure
 
 LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}  # one per run, in turn
 TRAIN_CURVES = "train_curves.png"  # the chart `kimi-eagle train` writes beside its log
 
 
 def _saved(fig: Figure, path: str | Path | None) -> Figure:
-    if path is not None:
-        write_figure(fig, path, dpi=110)
+    if path is not None:  # PNG, plus the --figure-format beside it, at --dpi when given
+        write_chart(fig, path, dpi=110)
     return fig
 
 
@@ -157,22 +157,33 @@ def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None
 
 
 def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", title: str = "",
-                       path: str | Path | None = None, data: str = "real") -> Figure:
+                       path: str | Path | None = None, data: str = "simulated") -> Figure:
     """τ against the injected re-segmentation rate (0 = the plain reconstructed-IDs arm), one line per
-    decoding mode, with 95 % intervals; also written to ``path`` (a standalone ``Figure``)."""
+    decoding mode (and drafter, when the table holds EAGLE-3 and DFlash arms), with 95 % intervals; also written
+    to ``path`` (a standalone ``Figure``). The rate is injected by the kit (``resegment.inject_rows``), so the
+    chart is tagged ``simulated`` by default."""
     fig = Figure(figsize=(6, 3.6))
     ax = fig.subplots()
     doses: set[float] = set()
-    for i, mode in enumerate(dict.fromkeys(r["mode"] for r in table)):
-        rows = sorted((r for r in table if r["mode"] == mode and r["ids"] == reference_ids and r["storage"] == "bf16"),
-                      key=lambda r: r["inject_rate"])
+    drafters = list(dict.fromkeys(r.get("drafter", "eagle3") for r in table))
+    lines = [(d, m) for d in drafters for m in dict.fromkeys(r["mode"] for r in table)]
+    for i, (drafter, mode) in enumerate(lines):
+        rows = sorted((r for r in table if r["mode"] == mode and r["ids"] == reference_ids and r["storage"] == "bf16"
+                       and r.get("drafter", "eagle3") == drafter), key=lambda r: r["inject_rate"])
+        if not rows:
+            continue
         x = [100 * r["inject_rate"] for r in rows]
         doses.update(x)
+        label = mode if len(drafters) == 1 else f"{DRAFTER_NAMES.get(drafter, drafter)} · {mode}"
         ax.errorbar(x, [r["tau"] for r in rows], yerr=[[r["tau"] - r["lo"] for r in rows], [r["hi"] - r["tau"] for r in rows]],
-                    marker="o", capsize=3, color=f"C{i}", label=mode)
+                    marker="o" if drafter == "eagle3" else "s", capsize=3, color=f"C{i}", label=label,
+                    linestyle="-" if drafter == "eagle3" else "--")
     ax.set_xticks(sorted(doses), [f"{d:g}" for d in sorted(doses)])  # a linear axis, a tick at every dose given
-    ax.set(xlabel="completion tokens re-segmented (%)", ylabel="τ (95% bootstrap interval)",
+    ax.set(xlabel="completion tokens re-segmented by injection (%)", ylabel="τ (95% bootstrap interval)",
            title=f"{data_tag(data)} {title or 'τ against injected tokenization drift'}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _saved(fig, path)
+
+
+DRAFTER_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash"}

@@ -25,7 +25,7 @@ import pandas as pd
 from kimi_eagle.apps.widgets.chips import CHIP_CSS, CURRENT, HUNK, chip, chip_legend_html
 from kimi_eagle.apps.widgets.snapshot import SnapshotBox
 from kimi_eagle.diff.align import AlignError
-from kimi_eagle.diff.classify import SUBCLASSES, VERDICTS, RecordVerdict, classify
+from kimi_eagle.diff.classify import SUBCLASSES, TOKEN_DELTA_SIGN, VERDICTS, RecordVerdict, classify
 from kimi_eagle.diff.run import read_diff, read_engine, read_reconstructed
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
@@ -174,7 +174,7 @@ def hunk_table_html(v: RecordVerdict, current: int | None) -> str:
                     f"<td>{html.escape(repr(v.alignment.a.run_bytes(h.a_start, h.a_end))[:60])}</td>"
                     f"<td>{html.escape(repr(v.alignment.b.run_bytes(h.b_start, h.b_end))[:60])}</td></tr>")
     head = ("<tr><th>#</th><th>kind</th><th>subclass</th><th>segment</th><th>engine bytes</th><th>recon bytes</th>"
-            "<th>Δ tokens</th><th>engine</th><th>reconstructed</th></tr>")
+            f"<th>Δ tokens ({TOKEN_DELTA_SIGN})</th><th>engine</th><th>reconstructed</th></tr>")
     if not rows:
         return "<p>no hunks: the IDs are identical</p>"
     return f'<div class="ke-meta-box"><table class="ke-meta">{head}{"".join(rows)}</table></div>'
@@ -372,7 +372,7 @@ class DiffInspector:
         rid = html.escape(self.current_id or "")
         head = (f"<p><b>{rid}</b> — verdict <b>{v.verdict}</b>, label <b>{v.label}</b>"
                 f"{' (' + ', '.join(v.subclasses) + ')' if v.subclasses else ''}; engine {v.n_engine} tokens, "
-                f"reconstructed {v.n_recon} ({v.token_delta:+d}); {n} hunks"
+                f"reconstructed {v.n_recon}; token delta ({TOKEN_DELTA_SIGN}) {v.token_delta:+d}; {n} hunks"
                 f"{'; engine canonical: ' + str(v.engine_canonical) if v.engine_canonical is not None else ''}</p>")
         # the window around the current hunk first, right below the controls; the table of all hunks after it
         self.html.value = (head + aligned_html(self.tok, v, self.hunk_index, self.context.value, window=True)

@@ -17,7 +17,7 @@ from kimi_eagle.chat.completion import tool_id_style
 from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
 from kimi_eagle.chat.serving import PROFILES, canonical_name
 from kimi_eagle.diff.align import AlignError
-from kimi_eagle.diff.classify import RecordVerdict, classify
+from kimi_eagle.diff.classify import TOKEN_DELTA_SIGN, RecordVerdict, classify
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 # --------------------------------------------------------------------------------------------
@@ -25,7 +25,11 @@ from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
 class TokenizerPlayground:
-    """Type text, see its tokens; paste IDs to compare them with the text's encoding."""
+    """Type text, see its tokens; paste IDs to compare them with the text's encoding.
+
+    IDs given with a sample (``ids`` here, or :meth:`load`) belong to that sample's text: once the text is edited
+    they are cleared (and the view says so), so new text is never compared with the previous sample's IDs. IDs
+    pasted by hand stay until replaced."""
 
     def __init__(self, tok: Tokenizer, text: str = "", ids: str = "") -> None:
         self.tok = tok
@@ -37,11 +41,37 @@ class TokenizerPlayground:
         self.html = W.HTML()
         self.record_verdict: RecordVerdict | None = None
         self.encoded: list[int] = []
-        for w in (self.text, self.allow_special, self.ids):
-            w.observe(lambda _: self._render(), names="value")
+        self.sample_ids = bool(ids.strip())  # the IDs came with the sample text, not pasted for the current text
+        self.cleared = False  # the sample's IDs were cleared by the last text edit
+        self._quiet = False  # set while load() rewrites both boxes
+        self.text.observe(lambda _: self._text_edited(), names="value")
+        self.ids.observe(lambda _: self._ids_edited(), names="value")
+        self.allow_special.observe(lambda _: self._render(), names="value")
         for w, name in ((self.text, "text"), (self.allow_special, "allow-special"), (self.ids, "ids"), (self.html, "view")):
             w.add_class(f"ke-playground-{name}")  # stable hooks for browser tests
         self.widget = SnapshotBox([self.text, self.allow_special, self.ids, self.html], snapshot=self.snapshot_html)
+        self._render()
+
+    def load(self, text: str, ids: str = "") -> None:
+        """Show a new sample: its text and (optionally) the IDs it is compared with."""
+        self._quiet = True
+        self.text.value, self.ids.value = text, ids
+        self._quiet, self.sample_ids, self.cleared = False, bool(ids.strip()), False
+        self._render()
+
+    def _text_edited(self) -> None:
+        if self._quiet:
+            return
+        if self.sample_ids and self.ids.value.strip():
+            self._quiet = True
+            self.ids.value = ""  # the sample's IDs describe the sample's text, not this one
+            self._quiet, self.sample_ids, self.cleared = False, False, True
+        self._render()
+
+    def _ids_edited(self) -> None:
+        if self._quiet:
+            return
+        self.sample_ids, self.cleared = False, False  # pasted by hand, for the text as it stands
         self._render()
 
     def snapshot_html(self) -> str:
@@ -55,6 +85,8 @@ class TokenizerPlayground:
         nbytes = len(self.text.value.encode())
         out = [f"<p>{len(self.encoded)} tokens, {nbytes} bytes</p>", CHIP_CSS,
                '<div class="ke-chips">' + _chips(tok, self.encoded, 0, tok.special_ids) + "</div>"]
+        if self.cleared:
+            out.append("<p>the sample's IDs were cleared when the text changed: paste IDs to compare with this text</p>")
         self.record_verdict = None
         try:
             pasted = parse_ids(self.ids.value)
@@ -68,7 +100,7 @@ class TokenizerPlayground:
             v = self.record_verdict
             out.append(f"<p>pasted IDs (top) against the text's encoding (bottom): <b>{v.verdict}</b>"
                        f"{' (' + ', '.join(v.subclasses) + ')' if v.subclasses else ''}, {len(v.hunks)} hunks, "
-                       f"token delta {v.token_delta:+d}</p>")
+                       f"token delta ({TOKEN_DELTA_SIGN}: the text's encoding − pasted IDs) {v.token_delta:+d}</p>")
             out.append(aligned_html(tok, v, 0 if v.hunks else None, context=-1,
                                     top="pasted IDs", bottom="the text's encoding"))
         self.html.value = "".join(out)
