@@ -444,3 +444,30 @@ def test_compare_page_shows_every_figure_and_fits_the_window_in_chromium(page, t
         tab.screenshot(path=str(ARTIFACTS / "compare_page.png"), full_page=True)
     finally:
         tab.close()
+
+
+def test_notebook_04_charts_are_drawn_in_chromium(page, tmp_path):
+    """#35 finding 1: notebook 04's chart cells printed `<Figure size 1100x380 with 2 Axes>`. The notebook executed as
+    the demo runs it and rendered to HTML beside it, opened in chromium: every chart cell's image decodes and is
+    drawn with a size, and no cell shows a Figure's text instead."""
+    from kimi_eagle.apps.batch.notebooks import notebook_runs
+    from kimi_eagle.apps.commands.demo import _execute_notebook
+
+    notebook, params = next((n, p) for n, p in notebook_runs("test") if n.name == "04_drafter_ablation.ipynb")
+    status, detail, _ = _execute_notebook(notebook, tmp_path, params)
+    assert status == "ok", detail
+    executed = json.loads(Path(detail).read_text())
+    charts = sum("".join(c["source"]).count("display(Image(") for c in executed["cells"] if c["cell_type"] == "code")
+    assert charts >= 2
+    tab = page.context.new_page()
+    try:
+        tab.set_viewport_size({"width": 1280, "height": 900})
+        tab.goto(Path(detail).with_suffix(".html").as_uri(), timeout=30_000)
+        sizes = tab.evaluate("() => [...document.querySelectorAll('img')].map(i => [i.complete, i.naturalWidth, "
+                             "i.getBoundingClientRect().width])")
+        drawn = [s for s in sizes if s[0] and s[1] > 0 and s[2] > 0]
+        assert len(drawn) == len(sizes) >= charts, sizes
+        assert "<Figure size" not in tab.locator("body").inner_text()
+        tab.screenshot(path=str(ARTIFACTS / "notebook_04.png"), full_page=True)
+    finally:
+        tab.close()

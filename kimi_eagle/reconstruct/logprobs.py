@@ -49,6 +49,18 @@ def logprob_entries(response: Any) -> list | None:
     return content if isinstance(content, list) else None
 
 
+def _unreadable_logprobs(response: Any) -> bool:
+    """Whether ``choices[0]`` carries logprobs that are not ``{"content": [entries]}`` (a string ``content``, a
+    number for ``logprobs``): there, but not readable, so flagged rather than taken for "no logprobs"."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    logprobs = choice.get("logprobs")
+    if logprobs is None:
+        return False
+    content = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
+    return content is not None and not isinstance(content, list)
+
+
 def _entry_bytes(entry: dict, k: int) -> bytes | None:
     raw = entry.get("bytes")
     if raw is None:
@@ -114,7 +126,7 @@ def prefer_logprob_ids(response: Any, tok: Tokenizer, text_ids: list[int],
     rendered completion (``text_ids``, ``spans``), else the text's, flagged when logprobs were there but unusable."""
     entries = logprob_entries(response)
     if not entries:
-        return text_ids, spans, "text", []
+        return text_ids, spans, "text", ["logprobs_unreadable"] if _unreadable_logprobs(response) else []
     try:
         ids = logprob_ids(entries, tok)
     except LogprobConflict:
