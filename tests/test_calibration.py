@@ -6,7 +6,6 @@ import json
 import pytest
 
 from kimi_eagle.apps.cli import main
-from kimi_eagle.assets import AssetError
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.k2_0905 import TOOLS_HEADING, KimiK2Instruct0905, declaration_0905
 from kimi_eagle.chat.server_variants import (
@@ -29,7 +28,7 @@ from kimi_eagle.reconstruct.provider_table import (
     table_items,
 )
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
-from kimi_eagle.reconstruct.recorded import exchange_record, load_exchanges, recorded_path
+from kimi_eagle.reconstruct.recorded import exchange_record
 
 # MEASURED on the recorded corpus (2026-12): (provider, model, period) -> (status, variant,
 # (prompt equal, compared), (completion equal, compared), held-out prompt, held-out completion)
@@ -57,12 +56,8 @@ PINNED = {
 
 
 @pytest.fixture(scope="module")
-def records():
-    try:
-        path = recorded_path()
-    except AssetError as e:
-        pytest.skip(f"the recorded exchanges are not in the assets (assets/data/real_api): {e}")
-    return [exchange_record(ex) for ex in load_exchanges(path)]
+def records(exchanges):  # conftest.py: the recorded real exchanges
+    return [exchange_record(ex) for ex in exchanges]
 
 
 @pytest.fixture(scope="module")

@@ -9,23 +9,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from kimi_eagle.apps.cli import main
-from kimi_eagle.assets import AssetError
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.server_variants import history_calls
 from kimi_eagle.chat.serving_choice import choose_profiles, describe, sample_groups
 from kimi_eagle.reconstruct.calibration import billed
 from kimi_eagle.reconstruct.provider_table import TABLE_PATH, load_table, record_entry
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record
-from kimi_eagle.reconstruct.recorded import exchange_record, load_exchanges, recorded_path
+from kimi_eagle.reconstruct.recorded import exchange_record
 
 
 @pytest.fixture(scope="module")
-def records():
-    try:
-        path = recorded_path()
-    except AssetError as e:
-        pytest.skip(f"the recorded exchanges are not in the assets (assets/data/real_api): {e}")
-    return [r for r in (exchange_record(ex) for ex in load_exchanges(path)) if "error" not in r]
+def records(exchanges):  # conftest.py: the recorded real exchanges
+    return [r for r in (exchange_record(ex) for ex in exchanges) if "error" not in r]
 
 
 def _prompt_offset(record, variant):

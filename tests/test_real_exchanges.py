@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 
-from kimi_eagle.assets import AssetError
 from kimi_eagle.reconstruct.bedrock import BedrockError, converse_log
 from kimi_eagle.reconstruct.recorded import (
     ExchangeError,
@@ -16,7 +15,6 @@ from kimi_eagle.reconstruct.recorded import (
     load_exchanges,
     measure_exchanges,
     provider_table,
-    recorded_path,
 )
 
 N_EXCHANGES = 365
@@ -48,15 +46,6 @@ MEASURED = {
     ('Together', 'moonshotai/kimi-k2-0905'): (24, 24, (0, 24, 7.0, 15, 24), (0, 24, 9.0, 15, 24)),
     ('WandB', 'moonshotai/kimi-k2-0905'): (16, 16, (6, 16, 0.0, 16, 16), (11, 16, 0.0, 16, 16)),
 }
-
-
-@pytest.fixture(scope="module")
-def exchanges():
-    try:
-        path = recorded_path()
-    except AssetError as e:
-        pytest.skip(f"the recorded exchanges are not in the assets (assets/data/real_api): {e}")
-    return load_exchanges(path)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from torch import nn
 
 from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE
 from kimi_eagle.eagle3.draft_vocab import DraftVocab
-from kimi_eagle.eagle3.model import MLP, Eagle3Config, RMSNorm, apply_rope, rope_cos_sin
+from kimi_eagle.eagle3.model import MLP, Eagle3Config, RMSNorm, apply_rope, rope_cos_sin, seeded_from_target
 from kimi_eagle.io import atomic_path, write_json
 
 DFLASH_FORMAT = "kimi-eagle-dflash/1"
@@ -159,15 +159,7 @@ class DFlashDrafter(nn.Module):
         base = Eagle3Config.from_target(target_config, vocab.size, aux_layer_ids)
         cfg = DFlashConfig(**asdict(base), block_size=block.block_size, mask_token_id=block.mask_token_id,
                            num_draft_layers=block.num_draft_layers)
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            model = cls(cfg)
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(embed)
-            model.lm_head.weight.copy_(lm_head[vocab.draft_to_target])
-            model.d2t.copy_(vocab.d2t)
-            model.t2d.copy_(vocab.t2d)
-        return model
+        return seeded_from_target(cls, cfg, embed, lm_head, vocab, seed)
 
     @property
     def draft_to_target(self) -> torch.Tensor:

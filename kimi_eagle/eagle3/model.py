@@ -232,16 +232,8 @@ class Eagle3Drafter(nn.Module):
                             aux_layer_ids: Sequence[int], seed: int = 0) -> "Eagle3Drafter":
         """Embeddings copied and frozen, ``lm_head`` initialised from the target's rows of the draft
         vocabulary, every other weight drawn from a generator seeded with ``seed``."""
-        cfg = Eagle3Config.from_target(target_config, vocab.size, aux_layer_ids)
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            model = cls(cfg)
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(embed)
-            model.lm_head.weight.copy_(lm_head[vocab.draft_to_target])
-            model.d2t.copy_(vocab.d2t)
-            model.t2d.copy_(vocab.t2d)
-        return model
+        return seeded_from_target(cls, Eagle3Config.from_target(target_config, vocab.size, aux_layer_ids),
+                                  embed, lm_head, vocab, seed)
 
     @property
     def draft_to_target(self) -> torch.Tensor:
@@ -325,6 +317,21 @@ class Eagle3Drafter(nn.Module):
             save_file(state, str(tmp), metadata={"format": NATIVE_FORMAT})
         write_json(out / "config.json", {"format": NATIVE_FORMAT, "config": asdict(self.config), **(extra or {})}, indent=1)
         return out
+
+
+def seeded_from_target(cls: type, cfg: Eagle3Config, embed: torch.Tensor, lm_head: torch.Tensor, vocab: DraftVocab,
+                       seed: int) -> nn.Module:
+    """A drafter ``cls(cfg)`` (EAGLE-3 or DFlash) with the target's embeddings, ``lm_head`` from the target's rows of the
+    draft vocabulary and its ``d2t``/``t2d``; every other weight drawn from a generator seeded with ``seed``."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = cls(cfg)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(lm_head[vocab.draft_to_target])
+        model.d2t.copy_(vocab.d2t)
+        model.t2d.copy_(vocab.t2d)
+    return model
 
 
 class DraftCache:

@@ -42,35 +42,49 @@ def reconstruct_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], di
     return count
 
 
-def _records(path: str | os.PathLike, table: str | os.PathLike | None = None, format_name: str = "") -> Any:
-    """The file's good records (bad lines skipped: the job names them), without those the provider ``table``
-    renders (an explained entry whose template applies to ``format_name``: :func:`table_use`)."""
+def _records(path: str | os.PathLike) -> Any:
+    """The file's good records (bad lines skipped: the job names them)."""
     with open(path, "rb") as f:
         for line in f:
             try:
                 parsed, value = fast_loads(line)  # orjson where it provably agrees with json.loads
-                record = as_api_record(value if parsed else json.loads(line))
+                yield as_api_record(value if parsed else json.loads(line))
             except (ValueError, RecursionError):
                 continue  # the job names every bad line; the choice only reads good ones
-            if table is None or not _table_renders(record, table, format_name):
-                yield record
 
 
-def _table_renders(record: Any, table: str | os.PathLike, format_name: str) -> bool:
+def _not_rendered_by(records: Any, table: str | os.PathLike | None, format_name: str, met: dict) -> Any:
+    """``records`` without those the provider ``table`` renders (an explained entry whose template applies to
+    ``format_name``), tallying every entry met into ``met`` (:func:`table_use`'s entries) on the way: one pass."""
     from kimi_eagle.chat.server_variants import template_format
     from kimi_eagle.reconstruct.provider_table import record_entry
 
-    entry = record_entry(record, table)
-    return entry is not None and entry.status == "explained" and \
-        template_format(entry.variant.template, format_name) is not None
+    for record in records:
+        response = record.get("response") if isinstance(record, dict) and table is not None else None
+        provider = response.get("provider") if isinstance(response, dict) else None
+        if not isinstance(provider, str):
+            yield record
+            continue
+        entry = record_entry(record, table)
+        key = (entry.provider, entry.model, entry.period) if entry is not None else provider
+        if key not in met:
+            met[key] = _entry_use(entry, provider, format_name, template_format)
+        met[key]["records"] += 1
+        if not met[key]["applied"]:
+            yield record
+
+
+def _uses(met: dict) -> list[dict[str, Any]]:
+    return sorted(met.values(), key=lambda u: (u["status"] != "unexplained", u["provider"], u["model"], u["period"]))
 
 
 def choose_for_file(path: str | os.PathLike, tok: Tokenizer, format_name: str = "kimi-k2.5",
-                    per_group: int = 512, table: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+                    per_group: int = 512, table: str | os.PathLike | None = None,
+                    met: dict | None = None) -> list[dict[str, Any]]:
     """The choice per (provider, dataset) of the JSONL file ``path`` (:func:`choose_profiles`' entries), on the
-    records the provider ``table`` does not render (None: every record)."""
-    return choose_profiles(_records(path, table, format_name), tok, format_name, per_group,
-                           reconstruct_counter(tok, format_name))
+    records the provider ``table`` does not render (None: every record); ``met`` receives the table entries met."""
+    records = _not_rendered_by(_records(path), table, format_name, met if met is not None else {})
+    return choose_profiles(records, tok, format_name, per_group, reconstruct_counter(tok, format_name))
 
 
 def auto_options(choices: list[dict[str, Any]], overrides: dict[str, Any] | None = None,
@@ -137,21 +151,10 @@ def table_use(path: str | os.PathLike, table: str | os.PathLike, format_name: st
     (``provider``, ``model``, ``period``, ``status``, ``variant``, ``records``, ``applied``: whether
     ``reconstruct`` renders those records with it: explained, and its template applies to ``format_name``;
     ``figures`` and ``residuals`` as calibrated), then one per provider without an entry (``status`` ``none``)."""
-    from kimi_eagle.chat.server_variants import template_format
-    from kimi_eagle.reconstruct.provider_table import record_entry
-
     met: dict[Any, dict[str, Any]] = {}
-    for record in _records(path):
-        response = record.get("response") if isinstance(record, dict) else None
-        provider = response.get("provider") if isinstance(response, dict) else None
-        if not isinstance(provider, str):
-            continue
-        entry = record_entry(record, table)
-        key = (entry.provider, entry.model, entry.period) if entry is not None else provider
-        if key not in met:
-            met[key] = _entry_use(entry, provider, format_name, template_format)
-        met[key]["records"] += 1
-    return sorted(met.values(), key=lambda u: (u["status"] != "unexplained", u["provider"], u["model"], u["period"]))
+    for _ in _not_rendered_by(_records(path), table, format_name, met):
+        pass
+    return _uses(met)
 
 
 def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any) -> dict[str, Any]:
@@ -241,8 +244,9 @@ def auto_serving_options(path: str | os.PathLike, output: str | os.PathLike, tok
     (:func:`table_use`; None: no table), then each remaining group's choice (:func:`choose_for_file`). Returns the
     job's completion options and tool declaration, and one line per entry and group; writes the evidence to
     ``OUTPUT.serving.json`` when anything other than ``template`` was chosen (or ``always_write``)."""
-    uses = table_use(path, table, format_name) if table else []
-    choices = choose_for_file(path, tok, format_name, table=table)
+    met: dict[Any, dict[str, Any]] = {}
+    choices = choose_for_file(path, tok, format_name, table=table, met=met)  # one pass: the table, then the groups
+    uses = _uses(met)
     from kimi_eagle.chat.serving_choice import describe
 
     # a provider without an entry is listed in the JSON; its line is its group's (no second line saying so)
