@@ -68,7 +68,8 @@ def reasoning_billing(billed: int | None, segments: Sequence[Mapping[str, Any]],
 # (``explained:a|b``): billing alone cannot tell which, and naming the first would name the wrong cause (#35).
 
 VERDICTS = ("match", "explained", "unexplained", "no_billing", "error")
-PROVIDER_CONVENTIONS = ("eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported")
+PROVIDER_CONVENTIONS = ("provider_table", "eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported",
+                        "reasoning_count_not_comparable")
 RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "tool_id_rewritten", "whitespace_stripped",
                       "replacement_char", "non_canonical_split", "args_reserialised")  # the fewest that explain win
 SPLIT_EVERY = 1000  # a non-canonical split (the engine sampled a longer segmentation): at most 1 per 1,000 tokens, >= 1
@@ -93,6 +94,7 @@ class RecordFacts:
     straight_into_tools: bool  # ``</think>`` then tool calls, no content
     length: bool
     n_reorderable_args: int = 0  # tool-call arguments that are JSON objects of 2+ keys (a re-serialiser may reorder)
+    n_respaced: int = 0  # how many more tokens the tool-call arguments take re-written with ", " and ": "
 
 
 def check_segments(segments: Any, n_tokens: int) -> list[Mapping[str, Any]]:
@@ -162,13 +164,26 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
     completion = b"".join(table[int(i)] for i in ids)
     reasoning = b"".join(run(s) for s in segments if s["kind"] in REASONING_KINDS)
     reorderable = sum(_keys(run(s)) >= 2 for s in segments if s["kind"] == "tool_args")
+    respaced = sum(_respaced(tok, run(s), int(s["tok_end"]) - int(s["tok_start"])) for s in segments
+                   if s["kind"] == "tool_args")
     return RecordFacts(
         n_tokens=len(ids), n_reasoning=n(REASONING_KINDS), n_eot=n(("im_end",)),
         n_think_end=n(("think_begin", "think_end")), n_tool_args=kinds.count("tool_args"), tool_id_slack=slack,
         n_fffd=completion.count(REPLACEMENT_CHAR), n_fffd_reasoning=reasoning.count(REPLACEMENT_CHAR),
         straight_into_tools="think_end" in kinds and "tool_id" in kinds and "content" not in kinds,
         length=row.get("finish_reason") == "length" or "truncated" in flags, n_reorderable_args=reorderable,
+        n_respaced=respaced,
     )
+
+
+def _respaced(tok: Tokenizer, raw: bytes, n: int) -> int:
+    """Tokens of the JSON arguments ``raw`` written by ``json.dumps`` (``", "``, ``": "``) minus their ``n`` tokens
+    (0 when they are not JSON)."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return 0
+    return len(tok.encode(json.dumps(value, ensure_ascii=False))) - n
 
 
 def _keys(raw: bytes) -> int:
@@ -235,7 +250,7 @@ class ProviderConventions:
 
     eot: str  # "counted" | "not_counted" | "unknown"
     eot_votes: dict[str, int]
-    reasoning: str  # "without_think_end" | "with_think_end" | "not_reported" | "unknown"
+    reasoning: str  # "without_think_end" | "with_think_end" | "not_reported" | "not_comparable" | "unknown"
     reasoning_votes: dict[str, int]
 
 
@@ -254,7 +269,7 @@ def _reasoning_vote(billed: int | None, f: RecordFacts) -> str | None:
         return "without_think_end"
     if f.n_think_end and billed == f.n_reasoning + f.n_think_end:
         return "with_think_end"
-    return None
+    return "unmatched"  # the reported count is no count of the reasoning text (an estimate, another tokenizer)
 
 
 def provider_conventions(evidence: Iterable[tuple[str, str | None, str | None]]) -> dict[str, ProviderConventions]:
@@ -276,6 +291,8 @@ def provider_conventions(evidence: Iterable[tuple[str, str | None, str | None]])
         e = "unknown" if not e_votes else "not_counted" if e_votes["not_counted"] > e_votes["counted"] else "counted"
         r = "unknown" if not r_votes else max(("without_think_end", "with_think_end", "not_reported"),
                                                 key=lambda k: (r_votes[k], k == "without_think_end"))
+        if r_votes["unmatched"] > sum(r_votes.values()) - r_votes["unmatched"]:
+            r = "not_comparable"  # most of its counts follow no convention: the reported count is not compared
         out[p] = ProviderConventions(e, dict(e_votes), r, dict(r_votes))
     return out
 
@@ -310,9 +327,12 @@ def _signed(v: int) -> str:
 
 
 REASONS = {
+    "provider_table": "the provider table's count conventions for this provider (kimi_eagle/data/providers.toml)",
     "eot_not_counted": "the provider does not count the end-of-turn token",
     "reasoning_with_think_end": "the provider's reasoning count includes </think>",
     "reasoning_not_reported": "the provider reports 0 reasoning tokens",
+    "reasoning_count_not_comparable": "the provider's reasoning_tokens follow no count of the reasoning text in most "
+                                      "of its records (an estimate): not compared",
     "think_end_not_generated": "reasoning went straight into tool calls without </think>",
     "truncation_resolved_by_billing": "cut inside the tool section: the reconstruction chose how many closing markers "
                                       "follow the last call by this billed count, so the count agrees by construction",
@@ -374,29 +394,66 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
         else:
             row.update(verdict="error", reason=row["error"])
         out.append(row)
-        facts.append((f, r.get("usage_error")))
+        facts.append((f, r.get("usage_error"), table_conventions(r.get("count_conventions"))))
     conventions = provider_conventions((o["provider"], o["eot_vote"], o["reasoning_vote"]) for o in out)
-    for row, (f, usage_error) in zip(out, facts):
+    for row, (f, usage_error, table) in zip(out, facts):
         if f is not None:
-            _judge(row, f, conventions[row["provider"]], usage_error)
+            _judge(row, f, conventions[row["provider"]], usage_error, table)
     return pa.Table.from_pylist(out, schema=BILLING_SCHEMA).to_pandas()
 
 
-def _judge(row: dict[str, Any], f: RecordFacts, pc: ProviderConventions, usage_error: str | None) -> None:
-    """Fill ``expected_delta``, ``unexplained_tokens``, ``verdict``, ``conventions`` and ``reason`` of an ok row."""
+TABLE_DEFAULTS = {"completion_offset": "0", "tool_call_offset": "0", "answer_args": "as-answered", "reasoning": "counted"}
+
+
+def table_conventions(value: Any) -> dict[str, str] | None:
+    """A row's ``count_conventions`` (the provider table's completion count conventions, ``name=value``) as a dict,
+    None when the row has none (no table entry applied) or they are not the four known ``name=value`` strings."""
+    try:
+        items = flags_list(value)
+    except ValueError:
+        return None
+    pairs = dict(item.partition("=")[::2] for item in items)
+    return pairs if items and len(pairs) == len(items) and set(pairs) == set(TABLE_DEFAULTS) else None
+
+
+def table_expected(table: dict[str, str], f: RecordFacts) -> int | None:
+    """``billed − reconstructed`` completion tokens that the provider table's conventions predict for this record:
+    the constant offset, the offset of answers with tool calls, the arguments counted as written spaced, the
+    reasoning (and its markers) not counted; None when a value is not one the calibration uses."""
+    try:
+        offset, per_call = int(table["completion_offset"]), int(table["tool_call_offset"])
+    except ValueError:
+        return None
+    if table["answer_args"] not in ("as-answered", "spaced") or table["reasoning"] not in ("counted", "excluded"):
+        return None
+    return (offset + (per_call if f.n_tool_args else 0) + (f.n_respaced if table["answer_args"] == "spaced" else 0)
+            - (f.n_reasoning + f.n_think_end if table["reasoning"] == "excluded" else 0))
+
+
+def _judge(row: dict[str, Any], f: RecordFacts, pc: ProviderConventions, usage_error: str | None,
+           table: dict[str, str] | None = None) -> None:
+    """Fill ``expected_delta``, ``unexplained_tokens``, ``verdict``, ``conventions`` and ``reason`` of an ok row.
+    ``table``: the provider table's count conventions of the row; they replace the end-of-turn vote."""
     bc, br = row["billed_completion_tokens"], row["billed_reasoning_tokens"]
     if bc is None:
         row.update(verdict="no_billing", reason=usage_error or "no integer usage.completion_tokens in the response")
         return
     base: list[str] = []
     expected = 0
-    if pc.eot == "not_counted" and f.n_eot:
+    by_table = None if table is None else table_expected(table, f)
+    if by_table is not None:
+        if by_table:
+            base.append("provider_table")
+            expected = by_table
+    elif pc.eot == "not_counted" and f.n_eot:
         base.append("eot_not_counted")
         expected -= f.n_eot
     think_end_in_reasoning = pc.reasoning == "with_think_end"
     reasoning_residual = None
     if br is not None and f.n_reasoning and br == 0 and pc.reasoning == "not_reported":
         base.append("reasoning_not_reported")
+    elif br is not None and pc.reasoning == "not_comparable":
+        base.append("reasoning_count_not_comparable")
     elif br is not None:
         r_expected = f.n_think_end if think_end_in_reasoning and f.n_reasoning else 0
         if r_expected:
@@ -420,6 +477,9 @@ def _judge(row: dict[str, Any], f: RecordFacts, pc: ProviderConventions, usage_e
         parts += [REASONS[c] for c in sets[0]] if len(sets) == 1 else [
             "one of (billing alone cannot tell which): " + " | ".join(", ".join(REASONS[c] for c in s) for s in sets)]
     row["reason"] = "; ".join(parts)
+    if "provider_table" in base:  # name the values, not only the table
+        named = ", ".join(f"{k}={v}" for k, v in (table or {}).items() if TABLE_DEFAULTS.get(k) != v)
+        row["reason"] = row["reason"].replace(REASONS["provider_table"], f"{REASONS['provider_table']}: {named}")
 
 
 def verdict_class(verdict: str | None) -> str:

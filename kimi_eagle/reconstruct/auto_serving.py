@@ -19,6 +19,7 @@ from kimi_eagle.chat.serving import PROFILES, get_profile
 from kimi_eagle.chat.serving_choice import CANDIDATES, choose_profiles
 from kimi_eagle.io import fast_loads
 from kimi_eagle.reconstruct.log_shapes import as_api_record
+from kimi_eagle.reconstruct.provider_table import EXPLAINED, entry_applies
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_groups, serving_options
 from kimi_eagle.records import RecordError
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -161,7 +162,7 @@ def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any
     if entry is None:
         return {"provider": provider, "model": "", "period": "", "status": "none", "variant": None, "records": 0,
                 "applied": False, "figures": {}, "residuals": {}}
-    applies = entry.status == "explained" and template_format(entry.variant.template, format_name) is not None
+    applies = entry_applies(entry) and template_format(entry.variant.template, format_name) is not None
     return {"provider": entry.provider, "model": entry.model, "period": entry.period, "status": entry.status,
             "variant": entry.variant.describe(), "records": 0, "applied": applies,
             "figures": {k: list(v) for k, v in entry.figures.items()}, "residuals": dict(entry.residuals)}
@@ -179,6 +180,11 @@ def describe_use(use: dict[str, Any]) -> str:
                f"{f['held_out_completion'][0]}/{f['held_out_completion'][1]}")
     if use["status"] == "unexplained":
         residual = "; ".join(f"{k} {v}" for k, v in use["residuals"].items() if v != "-")
+        if use["applied"]:
+            sides = [k for k in ("prompt", "completion") if f[k][1] and f[k][0] < EXPLAINED * f[k][1]]
+            return (f"{where}: UNEXPLAINED {' and '.join(sides)} in the provider table ({figures}; residual "
+                    f"{residual}) ({n}): rendered with its best variant {use['variant']} for the side it explains, "
+                    + ", ".join(f"rows flagged provider_table_{side}_unexplained" for side in sides))
         return (f"{where}: UNEXPLAINED in the provider table ({figures}; residual {residual}) ({n}): "
                 "its group's own evidence decides")
     if not use["applied"]:

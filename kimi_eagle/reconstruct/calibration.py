@@ -38,11 +38,10 @@ from kimi_eagle.chat.server_variants import (
 )
 from kimi_eagle.chat.serving import deep_sort, get_profile, served_prompt_pieces
 from kimi_eagle.reconstruct.periods import in_period, period_of  # noqa: F401 (re-exported)
+from kimi_eagle.reconstruct.provider_table import EXPLAINED
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.tokenize.tokenizer import Tokenizer
-
-EXPLAINED = 0.9  # a side is explained when at least this share of its compared records is equal
 
 
 def billed(record: dict, key: str) -> int | None:

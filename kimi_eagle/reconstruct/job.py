@@ -53,6 +53,7 @@ def _schema():
         ("ids_source", pa.string()), ("billed_cached_tokens", pa.int64()), ("cost", pa.float64()),
         ("serving", pa.string()),  # the serving profile of the row (--serving; null for an error row)
         ("serving_variant", pa.string()),  # the provider table's variant of its prompt (null: none applied)
+        ("count_conventions", pa.list_(pa.string())),  # the table's completion count conventions (billing reads)
     ])
 
 
@@ -482,7 +483,7 @@ def _mark_rows(table: "Any", dups: set[int], first: dict[str, int]) -> "Any":
         row = rows[k]
         row.update(status="error", error=f"duplicate id {row['id']!r} (first at line {first[row['id']]})", prompt_ids=[],
                    completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[],
-                   serving=None, serving_variant=None)
+                   serving=None, serving_variant=None, count_conventions=[])
     return pa.Table.from_pylist(rows, schema=table.schema)
 
 

@@ -36,6 +36,7 @@ from kimi_eagle.chat.server_variants import Variant, variant_from
 from kimi_eagle.chat.serving import PROFILES
 from kimi_eagle.reconstruct.periods import in_period, period_of
 
+EXPLAINED = 0.9  # a side is explained when at least this share of its compared records is equal
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "providers.toml"
 STATUSES = ("explained", "unexplained")
 PAIRS = ("prompt", "completion", "held_out_prompt", "held_out_completion")
@@ -163,6 +164,31 @@ def calibrated_profile(provider: str, model: str, month: str | None = None,
     if entry is None or entry.status != "explained":
         return None
     return entry.variant.profile, entry.variant.conventions()
+
+
+def side_explained(entry: Entry, side: str) -> bool:
+    """Whether the entry's variant makes at least :data:`EXPLAINED` of its billed ``side`` counts (``prompt`` or
+    ``completion``) equal in sample, whatever the other side does."""
+    equal, compared = entry.figures[side]
+    return compared > 0 and equal >= EXPLAINED * compared
+
+
+def completion_side_explained(entry: Entry) -> bool:
+    """:func:`side_explained` of the completion side: its count conventions can then be trusted on their own."""
+    return side_explained(entry, "completion")
+
+
+def entry_applies(entry: Entry) -> bool:
+    """Whether ``reconstruct --serving auto`` renders the entry's records with its variant: the entry is explained,
+    or one side of it is (the other side's rows are flagged ``provider_table_<side>_unexplained``); an entry that
+    explains neither side is left to its group's own evidence."""
+    return entry.status == "explained" or any(side_explained(entry, side) for side in ("prompt", "completion"))
+
+
+def unexplained_sides(entry: Entry | None) -> list[str]:
+    """The sides (``prompt``, ``completion``) of an entry that its variant does not explain."""
+    return [] if entry is None else [side for side in ("prompt", "completion") if not side_explained(entry, side)
+                                     and entry.figures[side][1] > 0]
 
 
 def record_entry(record: Any, path: str | os.PathLike | None = None) -> Entry | None:

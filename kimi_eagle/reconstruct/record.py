@@ -28,13 +28,18 @@ from kimi_eagle.chat.completion import (
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
-from kimi_eagle.chat.server_variants import Variant, template_format, variant_prompt_pieces
+from kimi_eagle.chat.server_variants import COMPLETION_DIMENSIONS, Variant, template_format, variant_prompt_pieces
 from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, preprocess_request, served_prompt_pieces
 from kimi_eagle.chat.unserve import unserve_turn
 from kimi_eagle.io import fast_loads, loads_exact, parse_line
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
-from kimi_eagle.reconstruct.provider_table import record_entry
+from kimi_eagle.reconstruct.provider_table import (
+    completion_side_explained,
+    entry_applies,
+    record_entry,
+    unexplained_sides,
+)
 from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
 from kimi_eagle.reconstruct.usage import usage_details
 from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
@@ -68,7 +73,9 @@ class ReconstructOptions(CompletionOptions):
     def for_record(self, provider: Any, dataset: Any) -> "ReconstructOptions":
         """The options of a record of ``provider`` in ``dataset``: its group's profile when one was chosen."""
         profile = _group_profiles(self.serving_by_group).get((provider, dataset))
-        return self if profile is None else serving_options(profile, self.tool_id_policy == "keep")
+        if profile is None:
+            return self
+        return replace(serving_options(profile, self.tool_id_policy == "keep"), provider_table=self.provider_table)
 
 
 def serving_groups(profiles: dict[tuple[Any, Any], ServingProfile]) -> str:
@@ -114,6 +121,7 @@ class ReconstructedRow:
     cost: float | None = None  # usage.cost
     serving: str | None = None  # the serving profile the row was reconstructed with (kimi_eagle.chat.serving)
     serving_variant: str | None = None  # the provider table's variant the prompt was rendered with (None: none)
+    count_conventions: list[str] = field(default_factory=list)  # the table's completion count conventions (billing)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a dict (shallow: the ID lists are shared, not copied)."""
@@ -288,20 +296,50 @@ def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceE
 
 
 def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
-    """The provider table's explained entry for ``record`` when the options name a table and its template applies
-    to ``fmt`` (None otherwise: the group's choice decides)."""
+    """The provider table's entry for ``record`` when the options name a table, the entry explains at least one
+    side (:func:`~kimi_eagle.reconstruct.provider_table.entry_applies`) and its template applies to ``fmt`` (None
+    otherwise: the group's choice decides)."""
     path = getattr(options, "provider_table", None)
     entry = record_entry(record, path) if path else None
-    if entry is None or entry.status != "explained" or template_format(entry.variant.template, fmt.name) is None:
+    if entry is None or not entry_applies(entry) or template_format(entry.variant.template, fmt.name) is None:
         return None
     return entry
+
+
+def _count_conventions(record: dict, options: CompletionOptions, fmt: Format, answer: tuple) -> list[str]:
+    """The provider table's completion count conventions for ``record``, every one of
+    :data:`~kimi_eagle.chat.server_variants.COMPLETION_DIMENSIONS` as ``name=value`` (``completion_offset=-1``) when
+    its entry's completion side is explained (at least 90 % of its billed completions equal, even where the prompt
+    side is not) and the row's completion has the count it has under the entry's profile (the answer side the
+    conventions were calibrated on: the same profile, or another giving as many tokens); ``[]`` otherwise.
+    ``answer``: the server's turn, the request messages, the encoder and the row's completion length."""
+    path = getattr(options, "provider_table", None)
+    entry = record_entry(record, path) if path else None
+    serving = getattr(options, "serving", None)
+    if entry is None or serving is None or not completion_side_explained(entry):
+        return []
+    profile = get_profile(entry.variant.profile)
+    if serving.name not in {profile.name, profile.stream_profile or profile.name}:  # the group's profile
+        turn, messages, enc, n = answer
+        calibrated, served, _ = _unserved(record, serving_options(profile), turn, fmt)
+        segments, _ = _declaring(fmt, profile.tool_declaration).completion_segments(served, messages, calibrated)
+        if len(enc.encode_segments_marked(segments, continuation=fmt.continuation)[0]) != n:
+            return []
+    return [f"{k}={getattr(entry.variant, k)}" for k in COMPLETION_DIMENSIONS]
+
+
+def _table_flags(record: dict, options: CompletionOptions, fmt: Format, variant: Variant | None) -> list[str]:
+    """``provider_table_<side>_unexplained`` for each side the table's variant that rendered the row does not explain."""
+    if variant is None:
+        return []
+    return [f"provider_table_{side}_unexplained" for side in unexplained_sides(_table_entry(record, options, fmt))]
 
 
 def _served(record: dict, messages: list[dict], tools: list | None, options: CompletionOptions, fmt: Format,
             group: tuple[Any, Any]) -> tuple[dict, list[dict], CompletionOptions, Format, Variant | None]:
     """The request as the serving profile hands it to the template (unchanged for ``template``), the options and
     format of the record's group (``--serving auto``: its profile and tool declaration), and the provider table's
-    variant when it has an explained entry for the record (its profile then replaces the group's)."""
+    variant when its entry for the record explains a side (its profile then replaces the group's)."""
     request = record["request"]
     entry = _table_entry(record, options, fmt)
     if entry is not None:
@@ -368,13 +406,14 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     tools = request.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise RecordError("request.tools is not a list")
-    turn = parse_turn(response)
+    turn = served_turn = parse_turn(response)
     request, messages, options, fmt, variant = _served(record, messages, tools, options, fmt, (provider, dataset))
     options, turn, unserved = _unserved(record, options, turn, fmt)
     enc = encoder if encoder is not None else PieceEncoder(tok)
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
-    flags = reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
+    flags = (reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
+             + _table_flags(record, options, fmt, variant))
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None), variant)
     if prompt_marker:
         flags.append("prompt_literal_marker")
@@ -395,19 +434,24 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     flags = seg_flags + flags + logprob_flags
     if "args_not_json" not in flags and any(not strict_json(call.arguments) for call in turn.tool_calls):
         flags.append("args_not_json")  # NaN / Infinity, which Python's json accepts and JSON does not
-    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-    details = usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
     return ReconstructedRow(
-        id=rid, dataset=dataset if isinstance(dataset, str) else None,
-        status="ok", error=None, format=fmt.name,
-        prompt_ids=prompt_ids, completion_ids=completion_ids,
-        n_prompt_tokens=len(prompt_ids), n_completion_tokens=len(completion_ids),
+        id=rid, dataset=dataset if isinstance(dataset, str) else None, status="ok", error=None, format=fmt.name,
+        prompt_ids=prompt_ids, completion_ids=completion_ids, n_prompt_tokens=len(prompt_ids),
+        n_completion_tokens=len(completion_ids),
         segments=[dict(zip(SPAN_FIELDS, s)) for s in spans], flags=flags, finish_reason=turn.finish_reason,
-        billed_completion_tokens=_opt_int(usage.get("completion_tokens")), **usage_details(response),
-        billed_reasoning_tokens=_opt_int(details.get("reasoning_tokens")), ids_source=ids_source,
+        **_billed_counts(response), **usage_details(response), ids_source=ids_source,
         provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
         serving=getattr(options, "serving", PROFILES["template"]).name,
-        serving_variant=variant.describe() if variant is not None else None)
+        serving_variant=variant.describe() if variant is not None else None,
+        count_conventions=_count_conventions(record, options, fmt, (served_turn, messages, enc, len(completion_ids))))
+
+
+def _billed_counts(response: dict) -> dict[str, int | None]:
+    """``usage.completion_tokens`` and ``usage.completion_tokens_details.reasoning_tokens`` as counts (None if not)."""
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    details = usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
+    return {"billed_completion_tokens": _opt_int(usage.get("completion_tokens")),
+            "billed_reasoning_tokens": _opt_int(details.get("reasoning_tokens"))}
 
 
 def error_row(rid: str, error: str, fmt_name: str, record: Any = None) -> ReconstructedRow:

@@ -1,0 +1,73 @@
+"""The README's own-logs flow on the recorded real exchanges (issue 34): every record converted, reconstructed with
+``--serving auto`` (which reads the provider table) and rated by ``billing``; per-provider verdicts, not one global
+number. The provider table's completion count conventions reach ``billing`` through the rows' ``count_conventions``,
+and what they predict is recomputed here through the calibration's own counter (a second code path)."""
+import json
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from kimi_eagle.apps.cli import main
+from kimi_eagle.diff.billing import reconcile_rows, record_facts, table_conventions, table_expected, verdict_class
+from kimi_eagle.reconstruct.calibration import VariantCounts
+from kimi_eagle.reconstruct.provider_table import record_entry
+from kimi_eagle.reconstruct.recorded import exchange_record
+
+FORMATS = ("kimi-k2-instruct", "kimi-k2.5", "kimi-k2-thinking")
+
+
+@pytest.fixture(scope="module")
+def flow(exchanges, kimi, tmp_path_factory):  # conftest.py: the recorded real exchanges
+    """``{format: (records, reconstructed rows, billing frame)}`` through the CLI, one log per chat format."""
+    tmp = tmp_path_factory.mktemp("recorded-flow")
+    records = [r for r in (exchange_record(ex) for ex in exchanges) if "error" not in r]
+    out = {}
+    for fmt in FORMATS:
+        mine = [r for r in records if r["format"] == fmt]
+        log = tmp / f"{fmt}.jsonl"
+        log.write_text("".join(json.dumps(r) + "\n" for r in mine), encoding="utf-8")
+        parquet = tmp / f"{fmt}.parquet"
+        assert main(["reconstruct", str(log), "-o", str(parquet), "--format", fmt, "--no-progress"]) == 0
+        rows = pq.read_table(parquet).to_pylist()
+        out[fmt] = (mine, rows, reconcile_rows(kimi, rows))
+    return out
+
+
+def _verdicts(flow) -> dict[str, Counter]:
+    by: dict[str, Counter] = {}
+    for _, _, bill in flow.values():
+        for provider, verdict in zip(bill["provider"], bill["verdict"]):
+            by.setdefault(provider, Counter())[verdict_class(verdict)] += 1
+    return by
+
+
+def test_every_record_has_a_row_and_a_verdict(flow):
+    for records, rows, bill in flow.values():
+        assert [r["id"] for r in rows] == [r["id"] for r in records] == list(bill["id"])
+        assert all(r["status"] == "ok" for r in rows) and bill["verdict"].notna().all()
+
+
+def test_table_conventions_predict_what_the_calibration_counts(flow, kimi):
+    """Where a row carries the table's count conventions, billing's prediction (the row's completion IDs plus what
+    the conventions add) is the calibration counter's completion count under the entry's variant, record by record."""
+    counts, checked = VariantCounts(kimi), 0
+    for records, rows, _ in flow.values():
+        by_id = {r["id"]: r for r in records}
+        for row in rows:
+            table = table_conventions(row["count_conventions"])
+            if table is None or row["serving_variant"] is None:
+                continue
+            entry = record_entry(by_id[row["id"]])
+            predicted = row["n_completion_tokens"] + table_expected(table, record_facts(kimi, row))
+            assert predicted == counts.completion_count(by_id[row["id"]], entry.variant), row["id"]
+            checked += 1
+    assert checked > 250
+
+
+def test_a_row_names_the_side_its_entry_leaves_unexplained(flow):
+    rows = [r for _, rs, _ in flow.values() for r in rs]
+    together = [r for r in rows if r["provider"] == "Together"]
+    assert together and all("provider_table_prompt_unexplained" in r["flags"] for r in together)
+    baseten = [r for r in rows if r["provider"] == "BaseTen"]
+    assert baseten and not any(f.startswith("provider_table_") for r in baseten for f in r["flags"])
