@@ -71,3 +71,34 @@ def test_a_row_names_the_side_its_entry_leaves_unexplained(flow):
     assert together and all("provider_table_prompt_unexplained" in r["flags"] for r in together)
     baseten = [r for r in rows if r["provider"] == "BaseTen"]
     assert baseten and not any(f.startswith("provider_table_") for r in baseten for f in r["flags"])
+
+
+# billing verdicts per provider on the recorded corpus (match / explained / unexplained); regenerate after changing the
+# space or the table: the unexplained ones are named in docs/providers.md
+VERDICTS = {
+    "Amazon Bedrock (us-east-1)": {"match": 1, "unexplained": 1},
+    "AtlasCloud": {"match": 1, "explained": 10},
+    "Avian (direct)": {"unexplained": 7},
+    "BaseTen": {"match": 23},
+    "Chutes": {"match": 31, "explained": 8},
+    "DeepInfra": {"explained": 23, "unexplained": 11},
+    "Fireworks": {"match": 24},
+    "Groq": {"explained": 5, "match": 6},
+    "Groq (direct)": {"explained": 20, "match": 30},
+    "HuggingFace router (groq)": {"explained": 4, "match": 6},
+    "Inceptron": {"explained": 1},
+    "ModelRun": {"explained": 1},
+    "Moonshot AI": {"match": 34, "explained": 23},
+    "Novita": {"explained": 10, "match": 14, "unexplained": 3},
+    "SiliconFlow": {"explained": 24},
+    "Together": {"explained": 9, "match": 15},
+    "WandB": {"match": 16},
+}
+
+
+def test_billing_verdicts_per_provider_are_as_measured(flow):
+    got = {p: dict(c) for p, c in _verdicts(flow).items()}
+    assert got == VERDICTS
+    rated = sum(sum(c.values()) for c in VERDICTS.values())
+    unexplained = sum(c.get("unexplained", 0) for c in VERDICTS.values())
+    assert (unexplained, rated) == (22, 361)  # 6.1 % (issue 34's target: <= 2 %)
