@@ -40,12 +40,12 @@ def test_every_explained_entry_renders_its_records_prompts_at_the_billed_count(r
         if entry is None or entry.status != "explained":
             continue
         row = reconstruct_record(r, kimi, get_format(r["format"], kimi), options)
-        key = (entry.provider, entry.model, entry.period)
+        key = (entry.provider, entry.model, entry.period, entry.deployment)
         compared[key] += 1
         equal[key] += billed(r, "prompt_tokens") == row.n_prompt_tokens + _prompt_offset(r, entry.variant)
         named[key] += row.serving_variant == entry.variant.describe() and row.serving == entry.variant.profile \
             or row.serving == f"{entry.variant.profile}-stream"
-    entries = {(e.provider, e.model, e.period): e for e in load_table() if e.status == "explained"}
+    entries = {(e.provider, e.model, e.period, e.deployment): e for e in load_table() if e.status == "explained"}
     assert set(compared) == set(entries)
     for key, entry in entries.items():
         assert (equal[key], compared[key]) == entry.figures["prompt"], key
@@ -86,15 +86,38 @@ def test_reconstruct_auto_uses_the_table_and_names_what_it_does_not_explain(k2_l
     assert first["status"] == "unexplained"  # what nothing explains comes first, by name, with its residual
     assert f"provider {first['provider']} ({first['model']}, {first['period']}): UNEXPLAINED" in printed
     assert "residual" in printed
-    deepinfra = next(u for u in uses if u["provider"] == "DeepInfra")
-    assert deepinfra["status"] == "unexplained" and not deepinfra["applied"] and deepinfra["records"] == 34
+    deepinfra = next(u for u in uses if u["provider"] == "DeepInfra")  # its completions are explained, not its prompts
+    assert deepinfra["status"] == "unexplained" and deepinfra["applied"] and deepinfra["records"] == 34
+    assert "provider DeepInfra (moonshotai/kimi-k2-0905, all): UNEXPLAINED prompt in the provider table" in printed
+    assert "rows flagged provider_table_prompt_unexplained" in printed
     baseten = next(u for u in uses if u["provider"] == "BaseTen")
     assert baseten["applied"] and baseten["records"] == 23
     rows = pq.read_table(out).to_pylist()
     variants = Counter(r["serving_variant"] for r in rows if r["provider"] == "BaseTen")
     assert variants == {baseten["variant"]: 23}
-    assert all(r["serving_variant"] is None for r in rows if r["provider"] == "DeepInfra")
+    deep = [r for r in rows if r["provider"] == "DeepInfra"]
+    assert {r["serving_variant"] for r in deep} == {deepinfra["variant"]}
+    assert all("provider_table_prompt_unexplained" in r["flags"] for r in deep)
     assert sum(u["records"] for u in uses) == len(rows)  # every record is under one line
+
+
+def test_an_entry_explaining_neither_side_leaves_its_records_to_their_group(k2_log, tmp_path, capsys):
+    """With DeepInfra's completion figure lowered below 90 % in a copy of the table, neither side is explained:
+    its records are not rendered by the table's variant (never a silent pick), their group's evidence decides."""
+    text = TABLE_PATH.read_text(encoding="utf-8")
+    start = text.index('provider = "DeepInfra"')
+    end = text.index("[[provider]]", start)
+    table = tmp_path / "table.toml"
+    table.write_text(text[:start] + text[start:end].replace("completion = [34, 34]", "completion = [20, 34]")
+                     + text[end:], encoding="utf-8")
+    out = tmp_path / "k2.parquet"
+    assert main(["reconstruct", str(k2_log), "-o", str(out), "--format", "kimi-k2-instruct", "--no-progress",
+                 "--provider-table", str(table)]) == 0
+    printed = capsys.readouterr().out
+    assert "provider DeepInfra (moonshotai/kimi-k2-0905, all): UNEXPLAINED in the provider table" in printed
+    assert "its group's own evidence decides" in printed
+    deep = [r for r in pq.read_table(out).to_pylist() if r["provider"] == "DeepInfra"]
+    assert len(deep) == 34 and all(r["serving_variant"] is None and not r["count_conventions"] for r in deep)
 
 
 def test_provider_table_none_and_a_bad_table(k2_log, tmp_path, capsys):

@@ -43,9 +43,17 @@ def _calls(m: Message) -> list[Piece]:
 
 @dataclass
 class KimiK2Instruct0905(KimiK2Instruct):
-    """The 0905 template's prompt (see the module); completions as :class:`KimiK2Instruct`."""
+    """The 0905 template's prompt (see the module); completions as :class:`KimiK2Instruct`.
+
+    Two revisions seen in providers' billed counts (docs/providers.md), off by default:
+    ``role_newline``: a ``"\n"`` after ``<|im_middle|>`` of the request's system and tool turns (a revision whose
+    role header ends in ``{% endif %}`` rather than ``{%- endif -%}``; Together, SiliconFlow);
+    ``id_line``: a tool result written ``{tool_call_id}\n{content}`` and consecutive results separated by a
+    ``"\n"`` (Fireworks)."""
 
     name: str = "kimi-k2-instruct-0905"
+    role_newline: bool = False
+    id_line: bool = False
 
     def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
         out: list[Piece] = []
@@ -56,12 +64,19 @@ class KimiK2Instruct0905(KimiK2Instruct):
             if i == 0 and m["role"] != "system":
                 out += [("<|im_system|>", SPECIAL), ("system", TEXT), ("<|im_middle|>", SPECIAL),
                         (KIMI_DEFAULT_SYSTEM, TEXT), ("<|im_end|>", SPECIAL)]
+            if self.id_line and m["role"] == "tool" and i and messages[i - 1]["role"] == "tool":
+                out.append(("\n", TEXT))
             out += [(_opener(m["role"]), SPECIAL), (_j(m.get("name") or m["role"]), TEXT), ("<|im_middle|>", SPECIAL)]
-            if m["role"] == "assistant" and m.get("tool_calls"):
-                out += _content_k2(m) + _calls(m)
-            elif m["role"] == "tool":
-                out += [(f"## Return of {_j(m.get('tool_call_id'))}\n    ", TEXT), *_content_k2(m)]
-            elif m.get("content") is not None:
-                out += _content_k2(m)
+            if self.role_newline and m["role"] in ("system", "tool"):
+                out.append(("\n", TEXT))
+            out += self._body(m)
             out.append(("<|im_end|>", SPECIAL))
         return out + [("<|im_assistant|>", SPECIAL), ("assistant", TEXT), ("<|im_middle|>", SPECIAL)]
+
+    def _body(self, m: Message) -> list[Piece]:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            return _content_k2(m) + _calls(m)
+        if m["role"] == "tool":
+            header = "{}\n" if self.id_line else "## Return of {}\n    "
+            return [(header.format(_j(m.get("tool_call_id"))), TEXT), *_content_k2(m)]
+        return _content_k2(m) if m.get("content") is not None else []

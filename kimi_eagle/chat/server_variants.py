@@ -15,7 +15,8 @@ on the rendered prompt pieces, or on counts:
     or ``k2-0905`` (Kimi-K2-Instruct-0905's own ``chat_template.jinja``, :mod:`kimi_eagle.chat.k2_0905`: a
     ``# Tools`` heading in the declaration turn, history ids as sent; K2-Instruct records only).
 ``tools``
-    how the tool declaration is written inside ``<|im_system|>tool_declare<|im_middle|>...<|im_end|>``:
+    how the tool declaration is written inside ``<|im_system|>tool_declare<|im_middle|>...<|im_end|>``
+    (``json-lines``: one spaced JSON object per tool, a line each, no brackets; Fireworks):
     ``template`` (what the format and profile do: JSON with spaces for K2-Instruct and K2-Thinking, the
     profile's ``tool_declaration`` for K2.5, the 0905 heading and JSON under ``template = k2-0905``), ``json`` (``tojson``: ``", "`` and ``": "``), ``json-compact``
     (``","`` and ``":"``, the K2.5 template's default), ``ts`` (Moonshot's TypeScript declaration,
@@ -34,11 +35,27 @@ on the rendered prompt pieces, or on counts:
     ``default`` (the server inserts that K2 default system message itself) or ``none`` (no system turn).
 ``history_ids``
     the ids of earlier tool calls and of the tool results answering them: ``as-sent`` (what the request holds;
-    the assets' K2-Instruct and K2-Thinking templates number them ``functions.NAME:IDX`` themselves) or
-    ``counter`` (rewritten to ``functions.NAME:IDX`` in order, results following their calls).
+    the assets' K2-Instruct and K2-Thinking templates number them ``functions.NAME:IDX`` themselves),
+    ``counter`` (rewritten to ``functions.NAME:IDX`` in order, results following their calls) or
+    ``calls-counter`` (the calls rewritten so, the results keeping the request's ``tool_call_id``; SiliconFlow).
 ``history_args``
     earlier tool calls' argument strings: ``as-sent``, ``spaced`` (``json.loads`` then ``json.dumps``: ``", "``
     and ``": "``) or ``compact`` (``","`` and ``":"``); arguments that are not JSON stay as sent.
+``history_content``
+    earlier tool results and the content beside earlier tool calls: ``as-sent`` or ``openai-repr`` (vLLM's
+    "openai" content format turns a string content into ``[{"type": "text", "text": c}]``, and a template that
+    prints ``message['content']`` raw prints that list's Python repr: tool results, and a non-empty assistant
+    content beside tool calls; Together, WandB; Together's own answer once returned such a repr as its text).
+``history_reasoning``
+    earlier assistant turns' reasoning: ``as-sent`` (``reasoning_content``/``reasoning`` as the request holds
+    them) or ``details`` (OpenRouter's ``reasoning_details`` texts joined become the ``reasoning_content`` of a
+    turn without one; AtlasCloud's K2.5).
+``role_newline``
+    ``none`` or ``system-tool``: a ``"\n"`` after ``<|im_middle|>`` of the request's system and tool turns (a
+    revision of the 0905 template, ``template = k2-0905`` only).
+``tool_result``
+    ``template`` or ``id-line``: tool results written ``{tool_call_id}\n{content}``, consecutive results
+    separated by a ``"\n"`` (``template = k2-0905`` only; Fireworks).
 ``prompt_offset`` / ``completion_offset``
     constant differences of the billed counts (a BOS token, a generation prompt counted or not; the
     end-of-turn token counted or not).
@@ -55,6 +72,18 @@ on the rendered prompt pieces, or on counts:
 ``reasoning``
     ``counted`` (reasoning tokens are part of the billed completion) or ``excluded`` (billed without the
     reasoning and its ``<think>``/``</think>``).
+``tool_answer``
+    how an answer with tool calls is billed: ``tokens`` (as every other answer) or ``chars-estimate`` (the content
+    estimated as ``round(characters / 4)``, half up, plus the tokens of the last call's arguments as returned;
+    no offset applies: DeepInfra's K2-0905 bills its tool-call answers so, and no count of tokens can, since two
+    answers with 12-token contents and the same call are billed 25 and 26: their contents have 61 and 65
+    characters).
+``answer_text``
+    what the server did to the answer's text before returning it (applied before the profile's answer side, for
+    profiles whose ``answer_rules`` are ``legacy``): ``as-served`` (nothing the profile does not know) or
+    ``spaced-unstripped`` (a detokenizer that puts a space around each of Kimi's markers and strips nothing: the
+    reasoning's last space, the content's first space and, before tool calls, all of the content's trailing
+    whitespace are the server's; Avian's K2.5 streams).
 
 The calibration itself (which variant explains which provider) is :mod:`kimi_eagle.reconstruct.calibration`.
 """
@@ -64,7 +93,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Sequence
 
-from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, tojson
+from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, Turn, tojson
 from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, Format, Message, get_format
 from kimi_eagle.chat.k2_0905 import KimiK2Instruct0905, declaration_0905
 from kimi_eagle.chat.serving import deep_sort, preprocess_request
@@ -75,11 +104,15 @@ from kimi_eagle.chat.tool_decl import tools_to_typescript
 SPACE: dict[str, tuple[Any, ...]] = {
     "profile": ("template", "moonshot", "vllm-0.33", "sglang-0.5"),
     "template": ("format", "k2-0905"),
-    "tools": ("template", "json", "json-compact", "ts", "k2-0905"),
+    "tools": ("template", "json", "json-compact", "ts", "k2-0905", "json-lines"),
     "schema": ("as-sent", "no-strict", "vllm", "vllm-no-strict", "sglang", "sorted"),
     "system": ("template", "default", "none"),
-    "history_ids": ("as-sent", "counter"),
+    "history_ids": ("as-sent", "counter", "calls-counter"),
     "history_args": ("as-sent", "spaced", "compact"),
+    "history_content": ("as-sent", "openai-repr"),
+    "history_reasoning": ("as-sent", "details"),
+    "role_newline": ("none", "system-tool"),
+    "tool_result": ("template", "id-line"),
     "prompt_offset": (0, -1, 1, -2, 2),
     "history_call_offset": (0, 1, -1),
     "tool_turn_offset": (0, -1, 1),
@@ -87,11 +120,15 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "tool_call_offset": (0, 1, -1),
     "answer_args": ("as-answered", "spaced"),
     "reasoning": ("counted", "excluded"),
+    "tool_answer": ("tokens", "chars-estimate"),
+    "answer_text": ("as-served", "spaced-unstripped"),
 }
-PROMPT_DIMENSIONS = ("template", "tools", "schema", "system", "history_ids", "history_args", "prompt_offset",
-                     "history_call_offset", "tool_turn_offset")
-REST_DIMENSIONS = ("template", "system", "history_ids", "history_args")  # the prompt without its tool turn
-COMPLETION_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "reasoning")
+REST_DIMENSIONS = ("template", "system", "history_ids", "history_args", "history_content", "history_reasoning",
+                   "role_newline", "tool_result")  # the prompt without its tool turn
+PROMPT_DIMENSIONS = (*REST_DIMENSIONS, "tools", "schema", "prompt_offset", "history_call_offset", "tool_turn_offset")
+TEMPLATE_0905_ONLY = ("role_newline", "tool_result")  # revisions of the 0905 template: with template = k2-0905 only
+COUNT_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "reasoning", "tool_answer")
+COMPLETION_DIMENSIONS = (*COUNT_DIMENSIONS, "answer_text")  # answer_text changes the IDs, the others only counts
 REASONING_KINDS = frozenset({"reasoning", "think_begin", "think_end"})
 
 
@@ -106,6 +143,10 @@ class Variant:
     system: str = "template"
     history_ids: str = "as-sent"
     history_args: str = "as-sent"
+    history_content: str = "as-sent"
+    history_reasoning: str = "as-sent"
+    role_newline: str = "none"
+    tool_result: str = "template"
     prompt_offset: int = 0
     history_call_offset: int = 0
     tool_turn_offset: int = 0
@@ -113,6 +154,8 @@ class Variant:
     tool_call_offset: int = 0
     answer_args: str = "as-answered"
     reasoning: str = "counted"
+    tool_answer: str = "tokens"
+    answer_text: str = "as-served"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -120,6 +163,10 @@ class Variant:
             if isinstance(value, bool) or value not in SPACE[f.name]:
                 allowed = ", ".join(map(str, SPACE[f.name]))
                 raise ValueError(f"{f.name} {getattr(self, f.name)!r} is not one of {allowed}")
+        for name in TEMPLATE_0905_ONLY:
+            if getattr(self, name) != SPACE[name][0] and self.template != "k2-0905":
+                raise ValueError(f"{name} {getattr(self, name)!r} is a revision of the 0905 template: "
+                                 "it needs template = k2-0905")
 
     def conventions(self) -> dict[str, Any]:
         """The non-default values other than the profile (what a provider does beyond its serving profile)."""
@@ -203,6 +250,8 @@ def declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, 
             how = "json"
     if how == "ts":
         return tools_to_typescript(tools) or tojson(tools, separators=(",", ":"))
+    if how == "json-lines":
+        return "\n".join(tojson(tool) for tool in tools)
     return tojson(tools, separators=(",", ":") if how == "json-compact" else None)
 
 
@@ -242,9 +291,11 @@ def _args(arguments: Any, how: str) -> Any:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":") if how == "compact" else None)
 
 
-def with_history(messages: Sequence[Message], ids: str, args: str) -> list[Message]:
-    """``messages`` with earlier tool calls' ids (``history_ids``) and arguments (``history_args``) rewritten."""
-    if ids == "as-sent" and args == "as-sent":
+def with_history(messages: Sequence[Message], ids: str, args: str, content: str = "as-sent",
+                 reasoning: str = "as-sent") -> list[Message]:
+    """``messages`` with earlier tool calls' ids (``history_ids``), arguments (``history_args``), tool results' and
+    call turns' content (``history_content``) and assistant reasoning (``history_reasoning``) rewritten."""
+    if (ids, args, content, reasoning) == ("as-sent",) * 4:
         return list(messages)
     out, counter, renamed = [], 0, {}
     for m in messages:
@@ -256,23 +307,48 @@ def with_history(messages: Sequence[Message], ids: str, args: str) -> list[Messa
                     calls.append(call)
                     continue
                 call = {**call, "function": {**fn, "arguments": _args(fn.get("arguments"), args)}}
-                if ids == "counter":
+                if ids != "as-sent":
                     new = f"functions.{fn.get('name')}:{counter}"
                     renamed.setdefault(call.get("id"), []).append(new)
                     call["id"], counter = new, counter + 1
                 calls.append(call)
-            m = {**m, "tool_calls": calls}
-        elif m.get("role") == "tool" and renamed.get(m.get("tool_call_id")):
-            m = {**m, "tool_call_id": renamed[m["tool_call_id"]].pop(0)}
-        out.append(m)
+            m = {**m, "tool_calls": calls, **_repr_content(m, content, keep_empty=True)}
+        elif m.get("role") == "tool":
+            if ids == "counter" and renamed.get(m.get("tool_call_id")):
+                m = {**m, "tool_call_id": renamed[m["tool_call_id"]].pop(0)}
+            m = {**m, **_repr_content(m, content, keep_empty=False)}
+        out.append(_with_reasoning(m, reasoning))
     return out
 
 
-def template_format(template: str, fmt_name: str, tok: Any = None) -> Format | None:
-    """The format a ``template`` value renders ``fmt_name`` records with (None where it does not apply)."""
+def _repr_content(m: Message, how: str, keep_empty: bool) -> dict:
+    """``{"content": ...}`` as vLLM's "openai" content format prints raw (``history_content = openai-repr``):
+    the Python repr of the parts list; ``{}`` when nothing changes (an empty call turn's content prints nothing)."""
+    c = m.get("content")
+    if how == "as-sent" or keep_empty and not c:
+        return {}
+    parts = c if isinstance(c, list) else [{"type": "text", "text": c if isinstance(c, str) else ""}]
+    return {"content": repr(parts)}
+
+
+def _with_reasoning(m: Message, how: str) -> Message:
+    """``m`` with its ``reasoning_details`` texts as ``reasoning_content`` (``history_reasoning = details``)."""
+    details = m.get("reasoning_details")
+    if how == "as-sent" or m.get("role") != "assistant" or m.get("reasoning_content") or not isinstance(details, list):
+        return m
+    text = "".join(d["text"] for d in details if isinstance(d, dict) and isinstance(d.get("text"), str))
+    return {**m, "reasoning_content": text} if text else m
+
+
+def template_format(template: str, fmt_name: str, tok: Any = None, variant: "Variant | None" = None) -> Format | None:
+    """The format a ``template`` value renders ``fmt_name`` records with (None where it does not apply); the 0905
+    template with ``variant``'s revisions (``role_newline``, ``tool_result``)."""
     if template == "format":
         return get_format(fmt_name, tok)
-    return KimiK2Instruct0905() if fmt_name == "kimi-k2-instruct" else None
+    if fmt_name != "kimi-k2-instruct":
+        return None
+    return KimiK2Instruct0905(role_newline=variant is not None and variant.role_newline == "system-tool",
+                              id_line=variant is not None and variant.tool_result == "id-line")
 
 
 def tool_block(text: str) -> list[Piece]:
@@ -287,10 +363,11 @@ def variant_prompt_pieces(messages: Sequence[Message], tools: list | None, fmt_n
     (its prompt side; ``marker_text`` is applied when encoding), None where its ``template`` does not apply to
     ``fmt_name``. Count offsets are not pieces: add them to the count. RecordError when the profile's server
     refuses the request."""
-    fmt = template_format(variant.template, fmt_name, tok)
+    fmt = template_format(variant.template, fmt_name, tok, variant)
     if fmt is None:
         return None
-    messages = with_history(with_system(messages, variant.system), variant.history_ids, variant.history_args)
+    messages = with_history(with_system(messages, variant.system), variant.history_ids, variant.history_args,
+                            variant.history_content, variant.history_reasoning)
     if profile.name != "template":
         messages, _ = preprocess_request(messages, None, profile)
     pieces = fmt.prompt_pieces(messages, None)
@@ -303,3 +380,29 @@ def variant_prompt_pieces(messages: Sequence[Message], tools: list | None, fmt_n
         text = declaration(shaped, variant.tools, fmt_name, profile.tool_declaration, variant.template)
         pieces = tool_block(text) + pieces
     return pieces
+
+
+def chars_estimate(content: str | None, last_arguments: int) -> int:
+    """A ``tool_answer = chars-estimate`` count: ``round(len(content) / 4)`` (half up) + the last call's argument
+    tokens.
+
+    >>> chars_estimate("I'll add and multiply the numbers 2 and 3 for you.", 12)  # 50 characters: 12.5 -> 13
+    25
+    """
+    return (len(content or "") + 2) // 4 + last_arguments
+
+
+def served_text_turn(turn: Turn, how: str) -> tuple[Turn, list[str]]:
+    """``turn`` without what an ``answer_text`` convention says the server added, and the flags of what that loses
+    (``content_end_unknown``: the model's own whitespace before its tool calls, if any, went with the server's)."""
+    if how == "as-served":
+        return turn, []
+    reasoning, content = turn.reasoning, turn.content
+    if isinstance(reasoning, str) and reasoning.endswith(" "):
+        reasoning = reasoning[:-1]  # the space before </think>
+    if isinstance(content, str) and content.startswith(" "):
+        content = content[1:]  # the space after </think>
+    flags = []
+    if isinstance(content, str) and turn.tool_calls and content != content.rstrip():
+        content, flags = content.rstrip(), ["content_end_unknown"]  # the spaces around the section's markers
+    return replace(turn, reasoning=reasoning or None, content=content or None), flags

@@ -95,6 +95,8 @@ class RecordFacts:
     length: bool
     n_reorderable_args: int = 0  # tool-call arguments that are JSON objects of 2+ keys (a re-serialiser may reorder)
     n_respaced: int = 0  # how many more tokens the tool-call arguments take re-written with ", " and ": "
+    n_content_chars: int = 0  # characters of the content
+    n_last_args: int = 0  # tokens of the last tool call's arguments
 
 
 def check_segments(segments: Any, n_tokens: int) -> list[Mapping[str, Any]]:
@@ -164,15 +166,17 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
     completion = b"".join(table[int(i)] for i in ids)
     reasoning = b"".join(run(s) for s in segments if s["kind"] in REASONING_KINDS)
     reorderable = sum(_keys(run(s)) >= 2 for s in segments if s["kind"] == "tool_args")
-    respaced = sum(_respaced(tok, run(s), int(s["tok_end"]) - int(s["tok_start"])) for s in segments
-                   if s["kind"] == "tool_args")
+    args = [s for s in segments if s["kind"] == "tool_args"]
+    respaced = sum(_respaced(tok, run(s), int(s["tok_end"]) - int(s["tok_start"])) for s in args)
+    content = b"".join(run(s) for s in segments if s["kind"] == "content").decode("utf-8", "replace")
     return RecordFacts(
         n_tokens=len(ids), n_reasoning=n(REASONING_KINDS), n_eot=n(("im_end",)),
         n_think_end=n(("think_begin", "think_end")), n_tool_args=kinds.count("tool_args"), tool_id_slack=slack,
         n_fffd=completion.count(REPLACEMENT_CHAR), n_fffd_reasoning=reasoning.count(REPLACEMENT_CHAR),
         straight_into_tools="think_end" in kinds and "tool_id" in kinds and "content" not in kinds,
         length=row.get("finish_reason") == "length" or "truncated" in flags, n_reorderable_args=reorderable,
-        n_respaced=respaced,
+        n_respaced=respaced, n_content_chars=len(content),
+        n_last_args=int(args[-1]["tok_end"]) - int(args[-1]["tok_start"]) if args else 0,
     )
 
 
@@ -402,7 +406,8 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
     return pa.Table.from_pylist(out, schema=BILLING_SCHEMA).to_pandas()
 
 
-TABLE_DEFAULTS = {"completion_offset": "0", "tool_call_offset": "0", "answer_args": "as-answered", "reasoning": "counted"}
+TABLE_DEFAULTS = {"completion_offset": "0", "tool_call_offset": "0", "answer_args": "as-answered", "reasoning": "counted",
+                  "tool_answer": "tokens"}
 
 
 def table_conventions(value: Any) -> dict[str, str] | None:
@@ -419,13 +424,18 @@ def table_conventions(value: Any) -> dict[str, str] | None:
 def table_expected(table: dict[str, str], f: RecordFacts) -> int | None:
     """``billed − reconstructed`` completion tokens that the provider table's conventions predict for this record:
     the constant offset, the offset of answers with tool calls, the arguments counted as written spaced, the
-    reasoning (and its markers) not counted; None when a value is not one the calibration uses."""
+    reasoning (and its markers) not counted, or an answer with tool calls billed as ``round(characters / 4)`` of its
+    content plus its last call's argument tokens (``tool_answer=chars-estimate``); None when a value is not one the
+    calibration uses."""
     try:
         offset, per_call = int(table["completion_offset"]), int(table["tool_call_offset"])
     except ValueError:
         return None
-    if table["answer_args"] not in ("as-answered", "spaced") or table["reasoning"] not in ("counted", "excluded"):
+    if table["answer_args"] not in ("as-answered", "spaced") or table["reasoning"] not in ("counted", "excluded") \
+            or table["tool_answer"] not in ("tokens", "chars-estimate"):
         return None
+    if table["tool_answer"] == "chars-estimate" and f.n_tool_args:  # the whole count is the estimate
+        return (f.n_content_chars + 2) // 4 + f.n_last_args - f.n_tokens
     return (offset + (per_call if f.n_tool_args else 0) + (f.n_respaced if table["answer_args"] == "spaced" else 0)
             - (f.n_reasoning + f.n_think_end if table["reasoning"] == "excluded" else 0))
 

@@ -19,6 +19,7 @@ from kimi_eagle.chat.serving import PROFILES, get_profile
 from kimi_eagle.chat.serving_choice import CANDIDATES, choose_profiles
 from kimi_eagle.io import fast_loads
 from kimi_eagle.reconstruct.log_shapes import as_api_record
+from kimi_eagle.reconstruct.periods import scope
 from kimi_eagle.reconstruct.provider_table import EXPLAINED, entry_applies
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_groups, serving_options
 from kimi_eagle.records import RecordError
@@ -67,7 +68,7 @@ def _not_rendered_by(records: Any, table: str | os.PathLike | None, format_name:
             yield record
             continue
         entry = record_entry(record, table)
-        key = (entry.provider, entry.model, entry.period) if entry is not None else provider
+        key = (entry.provider, entry.model, entry.period, entry.deployment) if entry is not None else provider
         if key not in met:
             met[key] = _entry_use(entry, provider, format_name, template_format)
         met[key]["records"] += 1
@@ -163,7 +164,8 @@ def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any
         return {"provider": provider, "model": "", "period": "", "status": "none", "variant": None, "records": 0,
                 "applied": False, "figures": {}, "residuals": {}}
     applies = entry_applies(entry) and template_format(entry.variant.template, format_name) is not None
-    return {"provider": entry.provider, "model": entry.model, "period": entry.period, "status": entry.status,
+    return {"provider": entry.provider, "model": entry.model, "period": scope(entry.period, entry.deployment),
+            "status": entry.status,
             "variant": entry.variant.describe(), "records": 0, "applied": applies,
             "figures": {k: list(v) for k, v in entry.figures.items()}, "residuals": dict(entry.residuals)}
 

@@ -31,13 +31,14 @@ from kimi_eagle.chat.server_variants import (
     SCHEMAS,
     SPACE,
     Variant,
+    chars_estimate,
     declaration,
     history_calls,
     tool_block,
     variant_prompt_pieces,
 )
 from kimi_eagle.chat.serving import deep_sort, get_profile, served_prompt_pieces
-from kimi_eagle.reconstruct.periods import in_period, period_of  # noqa: F401 (re-exported)
+from kimi_eagle.reconstruct.periods import deployment_of, in_period, period_of  # noqa: F401 (re-exported)
 from kimi_eagle.reconstruct.provider_table import EXPLAINED
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
 from kimi_eagle.records import RecordError, count_field
@@ -63,6 +64,8 @@ class VariantCounts:
         self._tools: dict[tuple, int] = {}
         self._completion: dict[tuple, tuple[int, int] | None] = {}
         self._formats: dict[tuple, Any] = {}
+        self._facts: dict[str, tuple] = {}  # per record id: what of it the rest dimensions can change
+        self._tool_keys: dict[str, str] = {}  # per record id: its tools as JSON (the tool turn cache's key)
         self.fits: dict[tuple, Variant] = {}  # fit_group's answers, by the records' ids
 
     def _format(self, name: str, declaration_kind: str = "json") -> Any:
@@ -79,13 +82,13 @@ class VariantCounts:
     def prompt_rest(self, record: dict, profile_name: str, rest: tuple) -> int | None:
         """The prompt without its tool declaration turn, ``rest`` the values of :data:`REST_DIMENSIONS` (None when
         the profile's server refuses the request or the template does not apply to the record's format)."""
-        key = (record["id"], profile_name, _effective(record, rest))
+        if record["id"] not in self._facts:
+            self._facts[record["id"]] = _facts(record)
+        key = (record["id"], profile_name, _effective(self._facts[record["id"]], rest))
         if key not in self._rest:
-            template, system, ids, args = rest
             profile = get_profile(profile_name)
-            variant = Variant(profile=profile_name, template=template, system=system, history_ids=ids,
-                              history_args=args)
             try:
+                variant = Variant(profile=profile_name, **dict(zip(REST_DIMENSIONS, key[2])))
                 messages = normalise_messages(record["request"].get("messages"))
                 pieces = variant_prompt_pieces(messages, None, record["format"], variant, profile, self.tok)
                 if pieces is None:
@@ -100,9 +103,11 @@ class VariantCounts:
         declared = (record.get("request") or {}).get("tools")
         if not declared:
             return 0
-        profile = get_profile(profile_name)
-        key = (json.dumps(declared, sort_keys=False), record["format"], profile_name, tools, schema, template)
+        if record["id"] not in self._tool_keys:
+            self._tool_keys[record["id"]] = json.dumps(declared, sort_keys=False)
+        key = (self._tool_keys[record["id"]], record["format"], profile_name, tools, schema, template)
         if key not in self._tools:
+            profile = get_profile(profile_name)
             shaped = SCHEMAS[schema](declared)
             if profile.sort_tools:
                 shaped = deep_sort(shaped)
@@ -124,20 +129,33 @@ class VariantCounts:
             extra += len(self.tok.encode(spaced)) - len(self.tok.encode(args))
         return extra
 
-    def completion(self, record: dict, profile_name: str) -> tuple[int, int, bool, int] | None:
+    def completion(self, record: dict, profile_name: str, answer_text: str = "as-served") -> tuple | None:
         """``(n_completion_tokens, reasoning tokens, whether the answer has tool calls, the extra tokens of its
-        arguments written spaced)`` under the profile's answer side, None if it cannot be built."""
-        key = (record["id"], profile_name)
+        arguments written spaced, its chars-estimate count)`` under the profile's answer side after the
+        ``answer_text`` convention (legacy answer sides only), None if it cannot be built."""
+        key = (record["id"], profile_name, answer_text)
         if key not in self._completion:
             profile = get_profile(profile_name)
+            options = replace(serving_options(profile), answer_text=answer_text)
             try:
+                if answer_text != "as-served" and profile.answer_rules != "legacy":
+                    raise RecordError("an answer_text convention is for legacy answer sides only")
                 row = reconstruct_record(record, self.tok, self._format(record["format"], profile.tool_declaration),
-                                         serving_options(profile), self.enc)
+                                         options, self.enc)
                 reasoning = sum(s["tok_end"] - s["tok_start"] for s in row.segments if s["kind"] in REASONING_KINDS)
-                self._completion[key] = (row.n_completion_tokens, reasoning, _has_calls(record), self._respaced(record))
+                self._completion[key] = (row.n_completion_tokens, reasoning, _has_calls(record), self._respaced(record),
+                                         self._estimate(record))
             except RecordError:
                 self._completion[key] = None
         return self._completion[key]
+
+    def _estimate(self, record: dict) -> int:
+        """The answer's ``tool_answer = chars-estimate`` count (its content as returned, its last call's arguments)."""
+        calls = _calls(record)
+        last = (calls[-1].get("function") or {}).get("arguments") if calls and isinstance(calls[-1], dict) else None
+        message = ((record.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
+        content = message.get("content") if isinstance(message.get("content"), str) else None
+        return chars_estimate(content, len(self.tok.encode(last)) if isinstance(last, str) else 0)
 
     def prompt(self, record: dict, v: Variant) -> int | None:
         rest = self.prompt_rest(record, v.profile, tuple(getattr(v, d) for d in REST_DIMENSIONS))
@@ -148,24 +166,37 @@ class VariantCounts:
                 + v.history_call_offset * history_calls(record["request"].get("messages")))
 
     def completion_count(self, record: dict, v: Variant) -> int | None:
-        got = self.completion(record, v.profile)
+        got = self.completion(record, v.profile, v.answer_text)
         if got is None:
             return None
-        n, reasoning, calls, respaced = got
+        n, reasoning, calls, respaced, estimate = got
+        if calls and v.tool_answer == "chars-estimate":
+            return estimate
         return (n - (reasoning if v.reasoning == "excluded" else 0) + v.completion_offset
                 + (v.tool_call_offset if calls else 0) + (respaced if v.answer_args == "spaced" else 0))
 
 
-def _effective(record: dict, rest: tuple) -> tuple:
-    """``rest`` with the values that cannot change this record's prompt set to their defaults (a request with a
-    system message is rendered alike under every ``system``; one without earlier calls under every history value)."""
-    template, system, ids, args = rest
+def _facts(record: dict) -> tuple[bool, bool, bool, bool, bool]:
+    """What of a record the rest dimensions can change: whether it starts with a system message, has earlier calls,
+    reasoning details, a system or tool turn, a tool turn."""
     messages = (record.get("request") or {}).get("messages") or []
-    if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
-        system = "template"
-    if not history_calls(messages):
-        ids, args = "as-sent", "as-sent"
-    return template, system, ids, args
+    roles = {m.get("role") for m in messages if isinstance(m, dict)}
+    return (bool(messages) and isinstance(messages[0], dict) and messages[0].get("role") == "system",
+            bool(history_calls(messages)), any(isinstance(m, dict) and m.get("reasoning_details") for m in messages),
+            bool(roles & {"system", "tool"}), "tool" in roles)
+
+
+def _effective(facts: tuple[bool, bool, bool, bool, bool], rest: tuple) -> tuple:
+    """``rest`` (values of :data:`REST_DIMENSIONS`) with the values that cannot change a record of these
+    :func:`_facts` set to their defaults: a request with a system message is rendered alike under every
+    ``system``, one without earlier calls under every history value, one without reasoning details under every
+    ``history_reasoning``, and the 0905 template's revisions only change its system and tool turns."""
+    template, system, ids, args, content, reasoning, newline, result = rest
+    starts_with_system, calls, details, system_or_tool, tool = facts
+    plain = template != "k2-0905"
+    return (template, "template" if starts_with_system else system, ids if calls else "as-sent",
+            args if calls else "as-sent", content if calls else "as-sent", reasoning if details else "as-sent",
+            "none" if plain or not system_or_tool else newline, "template" if plain or not tool else result)
 
 
 def _calls(record: dict) -> list:
@@ -223,10 +254,10 @@ def _best_prompt(counts: VariantCounts, records: list[dict], profile: str) -> tu
     rests = _distinct(_simplest_first(REST_DIMENSIONS),
                       lambda rest: tuple(counts.prompt_rest(r, profile, rest) for r, _, _ in rows))
     best: tuple[int, tuple, Variant] | None = None
+    tool_sets = {template: _distinct(_simplest_first(TOOL_DIMENSIONS), lambda tool, t=template: tuple(
+        counts.tool_turn(r, profile, *tool, t) for r, _, _ in rows)) for template in {rest[0] for rest, _ in rests}}
     for rest, rest_counts in rests:
-        tools = _distinct(_simplest_first(TOOL_DIMENSIONS),
-                          lambda tool: tuple(counts.tool_turn(r, profile, *tool, rest[0]) for r, _, _ in rows))
-        for (tool, tool_counts), per_call, per_turn in product(tools, SPACE["history_call_offset"],
+        for (tool, tool_counts), per_call, per_turn in product(tool_sets[rest[0]], SPACE["history_call_offset"],
                                                                SPACE["tool_turn_offset"]):
             deltas = Counter(b - n - t - (per_turn if t else 0) - per_call * calls
                              for (_, b, calls), n, t in zip(rows, rest_counts, tool_counts) if n is not None)
@@ -342,11 +373,27 @@ def _periods(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list
     return [(m[0] if len(m) == 1 else f"{m[0]}..{m[-1]}", rs) for m, _, rs in merged]
 
 
+def _deployments(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The period's records as one deployment (``any``), or split by the family of their ``system_fingerprint``
+    (:func:`~kimi_eagle.reconstruct.periods.deployment_of`) where each family is fitted apart and the split makes
+    at least two more counts equal than one variant for all (Novita behind OpenRouter: two servers in one month)."""
+    families: dict[str, list[dict]] = {}
+    for r in records:
+        families.setdefault(deployment_of(r), []).append(r)
+    if len(families) < 2:
+        return [("any", records)]
+    split = sum(_equal(counts, rs, fit_group(counts, rs)) for rs in families.values())
+    if split < _equal(counts, records, fit_group(counts, records)) + 2:
+        return [("any", records)]
+    return sorted(families.items())
+
+
 def _figures(counts: VariantCounts, records: list[dict], v: Variant) -> dict[str, Side]:
     return {kind: Side.of(_deltas(counts, records, v, kind)) for kind in ("prompt", "completion")}
 
 
-def calibrate_period(counts: VariantCounts, provider: str, model: str, period: str, records: list[dict]) -> dict:
+def calibrate_period(counts: VariantCounts, provider: str, model: str, period: str, records: list[dict],
+                     deployment: str = "any") -> dict:
     """One row of the provider table: the variant fitted on all ``records`` with its in-sample figures, and the
     variant fitted on the learning half scored on the held-out half."""
     v = fit_group(counts, records)
@@ -355,7 +402,8 @@ def calibrate_period(counts: VariantCounts, provider: str, model: str, period: s
     learned = fit_group(counts, learn) if learn else Variant()
     inside, outside = _figures(counts, records, v), _figures(counts, test, learned)
     unexplained = [kind for kind, side in inside.items() if not side.explained]
-    return {"provider": provider, "model": model, "period": period, "records": len(records), "variant": v,
+    return {"provider": provider, "model": model, "period": period, "deployment": deployment,
+            "records": len(records), "variant": v,
             "in_sample": inside, "held_out": outside, "held_out_variant": learned,
             "status": "unexplained" if unexplained else "explained", "unexplained": unexplained,
             "tools": {flag: _figures(counts, [r for r in records if has_tools(r) == flag], v) for flag in (False, True)}}
@@ -375,7 +423,8 @@ def calibrate(records: Iterable[dict], tok: Tokenizer, counts: VariantCounts | N
     rows = []
     for (provider, model), members in sorted(groups.items()):
         for period, rs in _periods(counts, members):
-            rows.append(calibrate_period(counts, provider, model, period, rs))
+            for deployment, ds in _deployments(counts, rs):
+                rows.append(calibrate_period(counts, provider, model, period, ds, deployment))
     return rows
 
 

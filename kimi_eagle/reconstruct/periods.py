@@ -6,9 +6,17 @@
 'undated'
 >>> in_period("2026-01", "2025-10..2026-03"), in_period("2025-09", "2025-10..2026-03"), in_period("2025-09", "all")
 (True, False, True)
+
+Deployments: the family of ``response.system_fingerprint`` (a provider behind one name may run several servers):
+
+>>> deployment_of({"response": {"system_fingerprint": "fpv0_ec889fbb"}}), deployment_of({"response": {}})
+('fpv0', 'none')
+>>> scope("all", "none"), scope("2025-09", "any")
+('all, fingerprint none', '2025-09')
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 MONTH_FMT = "%Y-%m"
@@ -33,3 +41,22 @@ def in_period(when: str, period: str) -> bool:
     last = last or first
     n = min(len(when), len(first), len(last))
     return first[:n] <= when[:n] <= last[:n]
+
+
+FAMILY = re.compile(r"[A-Za-z0-9.-]{1,32}")
+
+
+def deployment_of(record: dict) -> str:
+    """The family of the answer's ``system_fingerprint``: its part before the first ``_`` (``fpv0_ec889fbb`` is
+    ``fpv0``), ``none`` when it is missing or empty, ``other`` when it is not a short plain name."""
+    response = record.get("response") if isinstance(record, dict) else None
+    fingerprint = response.get("system_fingerprint") if isinstance(response, dict) else None
+    if not isinstance(fingerprint, str) or not fingerprint:
+        return "none"
+    family = fingerprint.partition("_")[0]
+    return family if FAMILY.fullmatch(family) and family not in ("any", "none") else "other"
+
+
+def scope(period: str, deployment: str = "any") -> str:
+    """A table entry's period, and its deployment where it has one (``any``: every fingerprint)."""
+    return period if deployment == "any" else f"{period}, fingerprint {deployment}"

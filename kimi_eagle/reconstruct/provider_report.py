@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from kimi_eagle.reconstruct.calibration import Side, totals
+from kimi_eagle.reconstruct.periods import scope
 
 HEADER = ("provider", "model", "period", "n", "variant", "prompt", "completion", "held-out prompt",
           "held-out completion", "residual")
@@ -26,7 +27,7 @@ def table_rows(rows: Iterable[dict]) -> list[tuple[str, ...]]:
         inside, outside = r["in_sample"], r["held_out"]
         residual = "; ".join(f"{kind} {inside[kind].residual()}" for kind in r["unexplained"])
         variant = r["variant"].describe() if r["status"] == "explained" else f"UNEXPLAINED (best: {r['variant'].describe()})"
-        out.append((r["provider"], r["model"], r["period"], str(r["records"]), variant, _pair(inside["prompt"]),
+        out.append((r["provider"], r["model"], scope(r["period"], r.get("deployment", "any")), str(r["records"]), variant, _pair(inside["prompt"]),
                     _pair(inside["completion"]), _pair(outside["prompt"]), _pair(outside["completion"]),
                     residual or "-"))
     return out
@@ -42,7 +43,8 @@ def table_text(rows: list[dict], skipped: int = 0) -> str:
               f"completions equal to billed {_pct(t['completion'])} (target: unexplained <= 2%)",
               f"held out (learned on the other half of each group): prompts {_pct(t['held_out_prompt'])}, "
               f"completions {_pct(t['held_out_completion'])}"]
-    unexplained = [f"{r['provider']} ({r['model']}, {r['period']})" for r in rows if r["status"] == "unexplained"]
+    unexplained = [f"{r['provider']} ({r['model']}, {scope(r['period'], r.get('deployment', 'any'))})" for r in rows
+                   if r["status"] == "unexplained"]
     if unexplained:
         lines.append(f"unexplained by any variant: {'; '.join(unexplained)}")
     if skipped:

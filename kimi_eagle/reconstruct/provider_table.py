@@ -7,6 +7,7 @@ Each ``[[provider]]`` entry::
     provider = "BaseTen"                      # response.provider as the log has it
     model = "moonshotai/kimi-k2-0905"         # response.model
     period = "all"                            # or "2025-09", "2025-10..2026-03": months of the answers' `created`
+    deployment = "any"                        # optional: "none" or a family such as "fpv0" (response.system_fingerprint)
     status = "explained"                      # or "unexplained": then `calibrated_profile` gives nothing
     profile = "template"                      # a serving profile (kimi_eagle.chat.serving)
     conventions = { template = "k2-0905", schema = "vllm", prompt_offset = 1 }  # kimi_eagle.chat.server_variants
@@ -34,7 +35,7 @@ from typing import Any, Iterable
 
 from kimi_eagle.chat.server_variants import Variant, variant_from
 from kimi_eagle.chat.serving import PROFILES
-from kimi_eagle.reconstruct.periods import in_period, period_of
+from kimi_eagle.reconstruct.periods import FAMILY, deployment_of, in_period, period_of
 
 EXPLAINED = 0.9  # a side is explained when at least this share of its compared records is equal
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "providers.toml"
@@ -42,7 +43,8 @@ STATUSES = ("explained", "unexplained")
 PAIRS = ("prompt", "completion", "held_out_prompt", "held_out_completion")
 KEYS: dict[str, type | tuple[type, ...]] = {
     "provider": str, "model": str, "period": str, "status": str, "profile": str, "conventions": dict,
-    "records": int, **{k: list for k in PAIRS}, "prompt_residual": str, "completion_residual": str}
+    "records": int, **{k: list for k in PAIRS}, "prompt_residual": str, "completion_residual": str, "deployment": str}
+OPTIONAL = {"deployment": "any"}  # keys an entry may leave out, with their value then
 
 
 class TableError(ValueError):
@@ -59,6 +61,7 @@ class Entry:
     records: int
     figures: dict[str, tuple[int, int]]
     residuals: dict[str, str]
+    deployment: str = "any"
 
 
 def _period_ok(period: str) -> bool:
@@ -74,9 +77,10 @@ def _problem(item: Any) -> str | None:
     unknown = sorted(set(item) - set(KEYS))
     if unknown:
         return f"unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})"
-    missing = [k for k in KEYS if k not in item]
+    missing = [k for k in KEYS if k not in item and k not in OPTIONAL]
     if missing:
         return f"missing key(s) {', '.join(missing)}"
+    item.update({k: v for k, v in OPTIONAL.items() if k not in item})
     for key, kind in KEYS.items():
         if not isinstance(item[key], kind) or isinstance(item[key], bool):
             return f"`{key}` is not a {kind.__name__}"  # type: ignore[union-attr]
@@ -91,6 +95,8 @@ def _problem(item: Any) -> str | None:
         return f"unknown profile {item['profile']!r} (known: {', '.join(PROFILES)})"
     if not _period_ok(item["period"]):
         return f"period {item['period']!r} is not all, undated, YYYY-MM or YYYY-MM..YYYY-MM"
+    if item["deployment"] not in ("any", "none", "other") and not FAMILY.fullmatch(item["deployment"]):
+        return f"deployment {item['deployment']!r} is not any, none, other or a fingerprint family such as fpv0"
     return None
 
 
@@ -101,7 +107,7 @@ def _entry(item: dict, where: str) -> Entry:
         raise TableError(f"{where}: conventions: {e}") from None
     return Entry(item["provider"], item["model"], item["period"], item["status"], variant, item["records"],
                  {k: tuple(item[k]) for k in PAIRS},  # type: ignore[misc]
-                 {k: item[f"{k}_residual"] for k in ("prompt", "completion")})
+                 {k: item[f"{k}_residual"] for k in ("prompt", "completion")}, item["deployment"])
 
 
 def load_table(path: str | os.PathLike | None = None) -> list[Entry]:
@@ -139,10 +145,13 @@ def _same_model(a: str, b: str) -> bool:
 
 
 def table_entry(provider: str, model: str, month: str | None = None,
-                path: str | os.PathLike | None = None) -> Entry | None:
+                path: str | os.PathLike | None = None, deployment: str | None = None) -> Entry | None:
     """The entry of ``provider`` serving ``model`` (a ``vendor/`` prefix may differ) in the period holding ``month``
-    (``YYYY-MM``), or else its latest period; None when the table has none (explained or not)."""
+    (``YYYY-MM``), or else its latest period, for ``deployment`` (a fingerprint family: its own entry first, then
+    one for ``any``); None when the table has none (explained or not)."""
     entries = [e for e in _shipped(str(path or TABLE_PATH)) if e.provider == provider and _same_model(e.model, model)]
+    if deployment is not None and any(e.deployment != "any" for e in entries):
+        entries = [e for e in entries if e.deployment == deployment] or [e for e in entries if e.deployment == "any"]
     if month is not None:
         entries = [e for e in entries if in_period(month, e.period)] or entries
     if not entries:
@@ -200,7 +209,7 @@ def record_entry(record: Any, path: str | os.PathLike | None = None) -> Entry | 
     if not isinstance(provider, str) or not isinstance(model, str):
         return None
     month = period_of(record)
-    return table_entry(provider, model, None if month == "undated" else month, path)
+    return table_entry(provider, model, None if month == "undated" else month, path, deployment_of(record))
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,6 +236,7 @@ def table_items(rows: Iterable[dict]) -> list[dict[str, Any]]:
     for row in rows:
         inside, outside, v = row["in_sample"], row["held_out"], row["variant"]
         items.append({"provider": row["provider"], "model": row["model"], "period": row["period"],
+                      **({"deployment": row["deployment"]} if row.get("deployment", "any") != "any" else {}),
                       "status": row["status"], "profile": v.profile, "conventions": v.conventions(),
                       "records": row["records"],
                       "prompt": [inside["prompt"].equal, inside["prompt"].compared],

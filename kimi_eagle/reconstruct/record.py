@@ -28,7 +28,13 @@ from kimi_eagle.chat.completion import (
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
-from kimi_eagle.chat.server_variants import COMPLETION_DIMENSIONS, Variant, template_format, variant_prompt_pieces
+from kimi_eagle.chat.server_variants import (
+    COUNT_DIMENSIONS,
+    Variant,
+    served_text_turn,
+    template_format,
+    variant_prompt_pieces,
+)
 from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, preprocess_request, served_prompt_pieces
 from kimi_eagle.chat.unserve import unserve_turn
 from kimi_eagle.io import fast_loads, loads_exact, parse_line
@@ -69,6 +75,8 @@ class ReconstructOptions(CompletionOptions):
     # ``--serving auto``: the provider table (kimi_eagle/reconstruct/provider_table.py, a path) whose explained entry
     # for a record's provider, model and month decides its profile and conventions before any group choice
     provider_table: str | None = None
+    # what the server did to the answer's text (chat/server_variants.py ``answer_text``; the table's variant sets it)
+    answer_text: str = "as-served"
 
     def for_record(self, provider: Any, dataset: Any) -> "ReconstructOptions":
         """The options of a record of ``provider`` in ``dataset``: its group's profile when one was chosen."""
@@ -308,7 +316,7 @@ def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
 
 def _count_conventions(record: dict, options: CompletionOptions, fmt: Format, answer: tuple) -> list[str]:
     """The provider table's completion count conventions for ``record``, every one of
-    :data:`~kimi_eagle.chat.server_variants.COMPLETION_DIMENSIONS` as ``name=value`` (``completion_offset=-1``) when
+    :data:`~kimi_eagle.chat.server_variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``) when
     its entry's completion side is explained (at least 90 % of its billed completions equal, even where the prompt
     side is not) and the row's completion has the count it has under the entry's profile (the answer side the
     conventions were calibrated on: the same profile, or another giving as many tokens); ``[]`` otherwise.
@@ -321,11 +329,12 @@ def _count_conventions(record: dict, options: CompletionOptions, fmt: Format, an
     profile = get_profile(entry.variant.profile)
     if serving.name not in {profile.name, profile.stream_profile or profile.name}:  # the group's profile
         turn, messages, enc, n = answer
-        calibrated, served, _ = _unserved(record, serving_options(profile), turn, fmt)
+        options = replace(serving_options(profile), answer_text=entry.variant.answer_text)
+        calibrated, served, _ = _unserved(record, options, turn, fmt)
         segments, _ = _declaring(fmt, profile.tool_declaration).completion_segments(served, messages, calibrated)
         if len(enc.encode_segments_marked(segments, continuation=fmt.continuation)[0]) != n:
             return []
-    return [f"{k}={getattr(entry.variant, k)}" for k in COMPLETION_DIMENSIONS]
+    return [f"{k}={getattr(entry.variant, k)}" for k in COUNT_DIMENSIONS]
 
 
 def _table_flags(record: dict, options: CompletionOptions, fmt: Format, variant: Variant | None) -> list[str]:
@@ -345,7 +354,7 @@ def _served(record: dict, messages: list[dict], tools: list | None, options: Com
     if entry is not None:
         profile = get_profile(entry.variant.profile)
         table_options = replace(serving_options(profile, options.tool_id_policy == "keep"),
-                                provider_table=options.provider_table)
+                                provider_table=options.provider_table, answer_text=entry.variant.answer_text)
         return request, messages, table_options, _declaring(fmt, profile.tool_declaration), entry.variant
     if getattr(options, "serving_by_group", None):
         options = options.for_record(*group)
@@ -363,9 +372,10 @@ def _unserved(record: dict, options: CompletionOptions, turn: Turn, fmt: Format)
     what it lost), under the profile's streaming variant when the record is a streamed answer."""
     if record.get("stream") is not None:
         options = _streamed(options)
+    turn, text_flags = served_text_turn(turn, getattr(options, "answer_text", "as-served"))
     turn, flags = unserve_turn(turn, getattr(options, "serving", PROFILES["template"]),
                                thinking=getattr(fmt, "thinking", True))
-    return options, turn, flags
+    return options, turn, text_flags + flags
 
 
 def _streamed(options: CompletionOptions) -> CompletionOptions:
