@@ -250,3 +250,44 @@ def test_a_tool_cut_resolved_by_billing_is_not_reported_as_an_independent_match(
     verdict = reconcile_rows(tok, [row]).iloc[0]
     assert verdict["verdict"] == "explained:truncation_resolved_by_billing"
     assert "by construction" in verdict["reason"]
+
+
+def _tabled(r, **conventions):
+    values = {"completion_offset": 0, "tool_call_offset": 0, "answer_args": "as-answered", "reasoning": "counted",
+              "tool_answer": "tokens", **conventions}
+    return {**r, "count_conventions": [f"{k}={v}" for k, v in values.items()]}
+
+
+def test_the_provider_tables_count_conventions_predict_the_billed_count(kimi):
+    """A row carrying its provider table entry's count conventions (``reconstruct --serving auto``) is judged by them,
+    not by the end-of-turn vote; what they predict is named with its values."""
+    calls = api("calls", tool_calls=[TOOL], content="Looking.")
+    rows = [_tabled(row(kimi, api("stop"), billed=-1), completion_offset=-1),
+            _tabled(row(kimi, calls, billed=2), completion_offset=-1, tool_call_offset=3),
+            _tabled(row(kimi, api("off"), billed=-2), completion_offset=-1),
+            _tabled(row(kimi, api("same"), billed=0))]
+    got = reconcile_rows(kimi, rows).set_index("id")
+    assert got.loc["stop", "verdict"] == got.loc["calls", "verdict"] == "explained:provider_table"
+    assert "completion_offset=-1, tool_call_offset=3" in got.loc["calls", "reason"]
+    assert got.loc["off", "verdict"] == "unexplained" and got.loc["off", "unexplained_tokens"] == -1
+    assert got.loc["same", "verdict"] == "match"
+    spaced = {**TOOL, "function": {**TOOL["function"], "arguments": '{"city":"Paris","days":2}'}}
+    extra = len(kimi.encode('{"city": "Paris", "days": 2}')) - len(kimi.encode('{"city":"Paris","days":2}'))
+    args = row(kimi, api("args", tool_calls=[spaced], content=None), billed=extra)  # the model wrote them spaced
+    assert reconcile_rows(kimi, [_tabled(args, answer_args="spaced")])["verdict"][0] == "explained:provider_table"
+    estimate = row(kimi, api("chars", tool_calls=[TOOL], content="Checking the weather in Paris."), usage={
+        "completion_tokens": (len("Checking the weather in Paris.") + 2) // 4 + len(kimi.encode('{"city": "Paris"}'))})
+    assert reconcile_rows(kimi, [_tabled(estimate, tool_answer="chars-estimate")])["verdict"][0] == \
+        "explained:provider_table"
+
+
+def test_a_provider_whose_reasoning_counts_follow_no_convention_is_not_compared_on_them(kimi):
+    """AtlasCloud's and Avian's K2.5 reasoning_tokens run from -11 to +18 of the text's: an estimate. When most of a
+    provider's counts fit no convention, its reasoning count is not compared (and the page says so)."""
+    rows = [row(kimi, api(f"r{i}", provider="Guess", reasoning=f"Think {i} about the city."), billed_reasoning=d)
+            for i, d in enumerate((-4, 6, 9, 0))]
+    got = reconcile_rows(kimi, rows)
+    assert set(got["verdict"]) == {"explained:reasoning_count_not_comparable"}
+    assert set(got["reasoning_vote"]) == {"unmatched", "without_think_end"}
+    table = group_table(got, "provider").set_index("provider")
+    assert table.loc["Guess", "reasoning_count"].startswith("not_comparable")

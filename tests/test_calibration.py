@@ -150,7 +150,11 @@ def test_a_variants_pieces_count_as_the_calibration_counts(records, kimi, counts
 
     enc = PieceEncoder(kimi)
     variants = [Variant(template="k2-0905", schema="vllm", prompt_offset=1), Variant(tools="ts", schema="sglang"),
-                Variant(profile="vllm-0.33", history_ids="counter", history_args="spaced", system="default")]
+                Variant(profile="vllm-0.33", history_ids="counter", history_args="spaced", system="default"),
+                Variant(template="k2-0905", history_content="openai-repr", role_newline="system-tool",
+                        history_ids="calls-counter"),
+                Variant(template="k2-0905", tools="json-lines", tool_result="id-line", history_args="compact"),
+                Variant(history_reasoning="details", history_content="openai-repr")]
     for r in [r for r in records if "error" not in r and r["format"] == "kimi-k2-instruct"][::5]:
         for v in variants:
             profile = get_profile(v.profile)
