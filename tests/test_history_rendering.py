@@ -38,6 +38,14 @@ def test_vllm_openai_content_is_printed_as_the_python_repr_of_its_parts():
     assert HISTORY[3]["content"] == "40 C"  # inputs are not mutated
 
 
+def test_spaced_float_writes_every_integer_as_a_float():
+    """Groq since 2025-10: earlier calls' arguments come back spaced with their integers as floats (+4 tokens for
+    ``{"a":2,"b":3}``; the one-call requests, whose arguments hold no number, are unchanged)."""
+    calls = [{"id": "0", "type": "function", "function": {"name": "add", "arguments": '{"a":2,"b":[3,true,1.5]}'}}]
+    out = with_history([{"role": "assistant", "content": None, "tool_calls": calls}], "as-sent", "spaced-float")
+    assert out[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 2.0, "b": [3.0, true, 1.5]}'
+
+
 def test_calls_counter_renumbers_the_calls_and_keeps_the_results_ids():
     out = with_history(HISTORY, "calls-counter", "as-sent")
     assert [c["id"] for c in out[2]["tool_calls"]] == ["functions.weather:0", "functions.weather:1"]

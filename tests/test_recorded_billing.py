@@ -103,3 +103,22 @@ def test_billing_verdicts_per_provider_are_as_measured(flow):
     rated = sum(sum(c.values()) for c in VERDICTS.values())
     unexplained = sum(c.get("unexplained", 0) for c in VERDICTS.values())
     assert (unexplained, rated) == (3, 361)  # 0.8 % (issue 34's target: <= 2 %)
+
+
+def test_the_docs_table_is_this_flow(flow):
+    """docs/providers.md shows the flow's verdicts per provider and the unexplained share with its interval,
+    recomputed here from the flow itself."""
+    from kimi_eagle.assets import REPO_ROOT
+    from kimi_eagle.diff.summary import wilson
+
+    docs = (REPO_ROOT / "docs" / "providers.md").read_text(encoding="utf-8")
+    for provider, c in _verdicts(flow).items():
+        n = sum(c.values())
+        assert f"| {provider} | {n} | {c['match']} | {c['explained']} | {c['unexplained']} |" in docs, provider
+    total = Counter()
+    for c in _verdicts(flow).values():
+        total.update(c)
+    rated, bad = sum(total.values()), total["unexplained"]
+    lo, hi = wilson(bad, rated)
+    assert f"{bad} of {rated} completions unexplained ({100 * bad / rated:.1f} %, Wilson 95 % " \
+           f"{100 * lo:.1f}–{100 * hi:.1f} %)" in docs

@@ -40,7 +40,9 @@ on the rendered prompt pieces, or on counts:
     ``calls-counter`` (the calls rewritten so, the results keeping the request's ``tool_call_id``; SiliconFlow).
 ``history_args``
     earlier tool calls' argument strings: ``as-sent``, ``spaced`` (``json.loads`` then ``json.dumps``: ``", "``
-    and ``": "``) or ``compact`` (``","`` and ``":"``); arguments that are not JSON stay as sent.
+    and ``": "``), ``compact`` (``","`` and ``":"``) or ``spaced-float`` (spaced, every integer written as a float,
+    ``{"a": 2.0}``: numbers kept as doubles on the way, as Groq's since 2025-10); arguments that are not JSON stay
+    as sent.
 ``history_content``
     earlier tool results and the content beside earlier tool calls: ``as-sent`` or ``openai-repr`` (vLLM's
     "openai" content format turns a string content into ``[{"type": "text", "text": c}]``, and a template that
@@ -108,7 +110,7 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "schema": ("as-sent", "no-strict", "vllm", "vllm-no-strict", "sglang", "sorted"),
     "system": ("template", "default", "none"),
     "history_ids": ("as-sent", "counter", "calls-counter"),
-    "history_args": ("as-sent", "spaced", "compact"),
+    "history_args": ("as-sent", "spaced", "compact", "spaced-float"),
     "history_content": ("as-sent", "openai-repr"),
     "history_reasoning": ("as-sent", "details"),
     "role_newline": ("none", "system-tool"),
@@ -288,7 +290,18 @@ def _args(arguments: Any, how: str) -> Any:
         value = json.loads(arguments)
     except ValueError:
         return arguments
+    if how == "spaced-float":
+        value = _floats(value)
     return json.dumps(value, ensure_ascii=False, separators=(",", ":") if how == "compact" else None)
+
+
+def _floats(value: Any) -> Any:
+    """``value`` with every JSON integer a float (``2`` -> ``2.0``), at any depth: numbers kept as doubles."""
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def with_history(messages: Sequence[Message], ids: str, args: str, content: str = "as-sent",
