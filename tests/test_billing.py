@@ -291,3 +291,15 @@ def test_a_provider_whose_reasoning_counts_follow_no_convention_is_not_compared_
     assert set(got["reasoning_vote"]) == {"unmatched", "without_think_end"}
     table = group_table(got, "provider").set_index("provider")
     assert table.loc["Guess", "reasoning_count"].startswith("not_comparable")
+
+
+@pytest.mark.parametrize("conventions", [
+    "completion_offset=-1", [1, 2], ["completion_offset=-1"], ["completion_offset=x", "tool_call_offset=0",
+    "answer_args=as-answered", "reasoning=counted", "tool_answer=tokens"],
+    ["completion_offset=0", "tool_call_offset=0", "answer_args=sideways", "reasoning=counted", "tool_answer=tokens"],
+    ["completion_offset=0"] * 5], ids=["string", "ints", "partial", "not-a-number", "unknown-value", "repeated"])
+def test_unreadable_count_conventions_fall_back_to_the_votes(kimi, conventions):
+    """A row whose count_conventions are not the five known name=value strings is judged as if it had none."""
+    rows = [{**row(kimi, api(f"n{i}", provider="NoEOT"), billed=-1), "count_conventions": conventions}
+            for i in range(2)]
+    assert set(reconcile_rows(kimi, rows)["verdict"]) == {"explained:eot_not_counted"}

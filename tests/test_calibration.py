@@ -268,8 +268,11 @@ completion_residual = "median -1 (range -1..+0)"
     ('records = 2', 'records = "2"', "`records` is not a int"),
     ('"2025-09..2026-03"', '"autumn"', "period 'autumn' is not"),
     ('[[provider]]', '[[provider]\n', "not TOML"),
+    ('records = 2', 'records = 2\ndeployment = "fp v0!"', "deployment 'fp v0!' is not any, none, other"),
+    ('records = 2', 'records = 2\ndeployment = 7', "`deployment` is not a str"),
+    ('{ tools = "ts" }', '{ tool_result = "id-line" }', "needs template = k2-0905"),
 ], ids=["unknown-key", "missing-key", "status", "profile", "convention-value", "convention-key", "pair", "type",
-        "period", "not-toml"])
+        "period", "not-toml", "deployment", "deployment-type", "revision-without-its-template"])
 def test_a_bad_table_is_one_line_naming_the_entry(tmp_path, old, new, message):
     path = tmp_path / "t.toml"
     path.write_text(GOOD)

@@ -130,3 +130,10 @@ def test_novita_runs_two_deployments_told_apart_by_their_fingerprints(records, k
         ("fpv0", 24, "explained"), ("none", 3, "explained")]
     for r in novita:  # the shipped table's entry of each record is its own deployment's
         assert record_entry(r).deployment == deployment_of(r)
+
+
+@pytest.mark.parametrize("fingerprint, family", [
+    ("fpv0_ec889fbb", "fpv0"), ("", "none"), (None, "none"), (7, "none"), (["fpv0"], "none"),
+    ("x" * 10_000, "other"), ("fp v0_1", "other"), ("any_1", "other"), ("none", "other"), ("fp_\u2028", "fp")])
+def test_a_fingerprint_family_is_a_short_plain_name_or_says_it_is_not(fingerprint, family):
+    assert deployment_of({"response": {"system_fingerprint": fingerprint}}) == family
