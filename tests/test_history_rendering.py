@@ -119,7 +119,7 @@ def test_deepinfra_bills_tool_call_answers_by_characters_not_tokens(records, kim
     assert counts.completion(a, "template")[0] == counts.completion(b, "template")[0]
     assert [billed(r, "completion_tokens") for r in (a, b)] == [25, 26]
     v = Variant(tool_answer="chars-estimate")
-    assert [counts.completion_count(r, v) for r in (a, b)] == [25, 26] == [chars_estimate(c, 10) for c in contents]
+    assert [counts.completion_count(r, v) for r in (a, b)] == [25, 26] == [chars_estimate(len(c), 10) for c in contents]
 
 
 def test_novita_runs_two_deployments_told_apart_by_their_fingerprints(records, kimi):

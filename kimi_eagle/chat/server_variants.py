@@ -395,14 +395,24 @@ def variant_prompt_pieces(messages: Sequence[Message], tools: list | None, fmt_n
     return pieces
 
 
-def chars_estimate(content: str | None, last_arguments: int) -> int:
-    """A ``tool_answer = chars-estimate`` count: ``round(len(content) / 4)`` (half up) + the last call's argument
-    tokens.
+def chars_estimate(chars: int, last_arguments: int) -> int:
+    """A ``tool_answer = chars-estimate`` count: ``round(chars / 4)`` (half up) of a content of ``chars``
+    characters + the last call's argument tokens.
 
-    >>> chars_estimate("I'll add and multiply the numbers 2 and 3 for you.", 12)  # 50 characters: 12.5 -> 13
+    >>> chars_estimate(len("I'll add and multiply the numbers 2 and 3 for you."), 12)  # 50 characters: 12.5 -> 13
     25
     """
-    return (len(content or "") + 2) // 4 + last_arguments
+    return (chars + 2) // 4 + last_arguments
+
+
+def spaced_extra(tok: Any, arguments: str, n: int | None = None) -> int:
+    """How many more tokens the JSON ``arguments`` (``n`` tokens as written, counted when not given) take written
+    by ``json.dumps`` with ``", "`` and ``": "`` (``answer_args = spaced``); 0 when they are not JSON."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return 0
+    return len(tok.encode(json.dumps(value, ensure_ascii=False))) - (len(tok.encode(arguments)) if n is None else n)
 
 
 def served_text_turn(turn: Turn, how: str) -> tuple[Turn, list[str]]:

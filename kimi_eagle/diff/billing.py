@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import pyarrow as pa
 
+from kimi_eagle.chat.server_variants import chars_estimate, spaced_extra
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 REASONING_KINDS = ("reasoning",)
@@ -167,7 +168,8 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
     reasoning = b"".join(run(s) for s in segments if s["kind"] in REASONING_KINDS)
     reorderable = sum(_keys(run(s)) >= 2 for s in segments if s["kind"] == "tool_args")
     args = [s for s in segments if s["kind"] == "tool_args"]
-    respaced = sum(_respaced(tok, run(s), int(s["tok_end"]) - int(s["tok_start"])) for s in args)
+    respaced = sum(spaced_extra(tok, text, int(s["tok_end"]) - int(s["tok_start"]))
+                   for s in args if (text := _utf8(run(s))) is not None)
     content = b"".join(run(s) for s in segments if s["kind"] == "content").decode("utf-8", "replace")
     return RecordFacts(
         n_tokens=len(ids), n_reasoning=n(REASONING_KINDS), n_eot=n(("im_end",)),
@@ -180,14 +182,11 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
     )
 
 
-def _respaced(tok: Tokenizer, raw: bytes, n: int) -> int:
-    """Tokens of the JSON arguments ``raw`` written by ``json.dumps`` (``", "``, ``": "``) minus their ``n`` tokens
-    (0 when they are not JSON)."""
+def _utf8(raw: bytes) -> str | None:
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return 0
-    return len(tok.encode(json.dumps(value, ensure_ascii=False))) - n
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _keys(raw: bytes) -> int:
@@ -435,7 +434,7 @@ def table_expected(table: dict[str, str], f: RecordFacts) -> int | None:
             or table["tool_answer"] not in ("tokens", "chars-estimate"):
         return None
     if table["tool_answer"] == "chars-estimate" and f.n_tool_args:  # the whole count is the estimate
-        return (f.n_content_chars + 2) // 4 + f.n_last_args - f.n_tokens
+        return chars_estimate(f.n_content_chars, f.n_last_args) - f.n_tokens
     return (offset + (per_call if f.n_tool_args else 0) + (f.n_respaced if table["answer_args"] == "spaced" else 0)
             - (f.n_reasoning + f.n_think_end if table["reasoning"] == "excluded" else 0))
 

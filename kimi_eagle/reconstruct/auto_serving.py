@@ -20,7 +20,7 @@ from kimi_eagle.chat.serving_choice import CANDIDATES, choose_profiles
 from kimi_eagle.io import fast_loads
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.periods import scope
-from kimi_eagle.reconstruct.provider_table import EXPLAINED, entry_applies
+from kimi_eagle.reconstruct.provider_table import entry_applies, unexplained_sides
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_groups, serving_options
 from kimi_eagle.records import RecordError
 from kimi_eagle.tokenize.tokenizer import Tokenizer
@@ -167,6 +167,7 @@ def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any
     return {"provider": entry.provider, "model": entry.model, "period": scope(entry.period, entry.deployment),
             "status": entry.status,
             "variant": entry.variant.describe(), "records": 0, "applied": applies,
+            "unexplained_sides": unexplained_sides(entry),
             "figures": {k: list(v) for k, v in entry.figures.items()}, "residuals": dict(entry.residuals)}
 
 
@@ -183,7 +184,7 @@ def describe_use(use: dict[str, Any]) -> str:
     if use["status"] == "unexplained":
         residual = "; ".join(f"{k} {v}" for k, v in use["residuals"].items() if v != "-")
         if use["applied"]:
-            sides = [k for k in ("prompt", "completion") if f[k][1] and f[k][0] < EXPLAINED * f[k][1]]
+            sides = use["unexplained_sides"]
             return (f"{where}: UNEXPLAINED {' and '.join(sides)} in the provider table ({figures}; residual "
                     f"{residual}) ({n}): rendered with its best variant {use['variant']} for the side it explains, "
                     + ", ".join(f"rows flagged provider_table_{side}_unexplained" for side in sides))

@@ -34,6 +34,7 @@ from kimi_eagle.chat.server_variants import (
     chars_estimate,
     declaration,
     history_calls,
+    spaced_extra,
     tool_block,
     variant_prompt_pieces,
 )
@@ -117,17 +118,8 @@ class VariantCounts:
 
     def _respaced(self, record: dict) -> int:
         """How many more tokens the answer's tool-call arguments take written with ``", "`` and ``": "``."""
-        extra = 0
-        for call in _calls(record):
-            args = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
-            if not isinstance(args, str):
-                continue
-            try:
-                spaced = json.dumps(json.loads(args), ensure_ascii=False)
-            except ValueError:
-                continue
-            extra += len(self.tok.encode(spaced)) - len(self.tok.encode(args))
-        return extra
+        calls = [c.get("function") or {} for c in _calls(record) if isinstance(c, dict)]
+        return sum(spaced_extra(self.tok, fn["arguments"]) for fn in calls if isinstance(fn.get("arguments"), str))
 
     def completion(self, record: dict, profile_name: str, answer_text: str = "as-served") -> tuple | None:
         """``(n_completion_tokens, reasoning tokens, whether the answer has tool calls, the extra tokens of its
@@ -155,7 +147,7 @@ class VariantCounts:
         last = (calls[-1].get("function") or {}).get("arguments") if calls and isinstance(calls[-1], dict) else None
         message = ((record.get("response") or {}).get("choices") or [{}])[0].get("message") or {}
         content = message.get("content") if isinstance(message.get("content"), str) else None
-        return chars_estimate(content, len(self.tok.encode(last)) if isinstance(last, str) else 0)
+        return chars_estimate(len(content or ""), len(self.tok.encode(last)) if isinstance(last, str) else 0)
 
     def prompt(self, record: dict, v: Variant) -> int | None:
         rest = self.prompt_rest(record, v.profile, tuple(getattr(v, d) for d in REST_DIMENSIONS))

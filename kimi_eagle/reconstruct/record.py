@@ -314,48 +314,33 @@ def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
     return entry
 
 
-def _count_conventions(record: dict, options: CompletionOptions, fmt: Format, answer: tuple) -> list[str]:
-    """The provider table's completion count conventions for ``record``, every one of
-    :data:`~kimi_eagle.chat.server_variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``) when
-    its entry's completion side is explained (at least 90 % of its billed completions equal, even where the prompt
-    side is not) and the row's completion has the count it has under the entry's profile (the answer side the
-    conventions were calibrated on: the same profile, or another giving as many tokens); ``[]`` otherwise.
-    ``answer``: the server's turn, the request messages, the encoder and the row's completion length."""
-    path = getattr(options, "provider_table", None)
-    entry = record_entry(record, path) if path else None
-    serving = getattr(options, "serving", None)
-    if entry is None or serving is None or not completion_side_explained(entry):
+def _count_conventions(entry: Any) -> list[str]:
+    """The completion count conventions of the table ``entry`` that rendered a row, every one of
+    :data:`~kimi_eagle.chat.server_variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``), when
+    its completion side is explained (at least 90 % of its billed completions equal, even where the prompt side is
+    not); ``[]`` otherwise (billing then falls back to its votes)."""
+    if entry is None or not completion_side_explained(entry):
         return []
-    profile = get_profile(entry.variant.profile)
-    if serving.name not in {profile.name, profile.stream_profile or profile.name}:  # the group's profile
-        turn, messages, enc, n = answer
-        options = replace(serving_options(profile), answer_text=entry.variant.answer_text)
-        calibrated, served, _ = _unserved(record, options, turn, fmt)
-        segments, _ = _declaring(fmt, profile.tool_declaration).completion_segments(served, messages, calibrated)
-        if len(enc.encode_segments_marked(segments, continuation=fmt.continuation)[0]) != n:
-            return []
     return [f"{k}={getattr(entry.variant, k)}" for k in COUNT_DIMENSIONS]
 
 
-def _table_flags(record: dict, options: CompletionOptions, fmt: Format, variant: Variant | None) -> list[str]:
-    """``provider_table_<side>_unexplained`` for each side the table's variant that rendered the row does not explain."""
-    if variant is None:
-        return []
-    return [f"provider_table_{side}_unexplained" for side in unexplained_sides(_table_entry(record, options, fmt))]
+def _table_flags(entry: Any) -> list[str]:
+    """``provider_table_<side>_unexplained`` for each side the table entry that rendered the row does not explain."""
+    return [f"provider_table_{side}_unexplained" for side in unexplained_sides(entry)]
 
 
 def _served(record: dict, messages: list[dict], tools: list | None, options: CompletionOptions, fmt: Format,
-            group: tuple[Any, Any]) -> tuple[dict, list[dict], CompletionOptions, Format, Variant | None]:
+            group: tuple[Any, Any]) -> tuple[dict, list[dict], CompletionOptions, Format, Any]:
     """The request as the serving profile hands it to the template (unchanged for ``template``), the options and
     format of the record's group (``--serving auto``: its profile and tool declaration), and the provider table's
-    variant when its entry for the record explains a side (its profile then replaces the group's)."""
+    entry when it explains a side for the record (its variant and profile then replace the group's)."""
     request = record["request"]
     entry = _table_entry(record, options, fmt)
     if entry is not None:
         profile = get_profile(entry.variant.profile)
         table_options = replace(serving_options(profile, options.tool_id_policy == "keep"),
                                 provider_table=options.provider_table, answer_text=entry.variant.answer_text)
-        return request, messages, table_options, _declaring(fmt, profile.tool_declaration), entry.variant
+        return request, messages, table_options, _declaring(fmt, profile.tool_declaration), entry
     if getattr(options, "serving_by_group", None):
         options = options.for_record(*group)
         fmt = _declaring(fmt, options.serving.tool_declaration)
@@ -416,14 +401,15 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     tools = request.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise RecordError("request.tools is not a list")
-    turn = served_turn = parse_turn(response)
-    request, messages, options, fmt, variant = _served(record, messages, tools, options, fmt, (provider, dataset))
+    turn = parse_turn(response)
+    request, messages, options, fmt, entry = _served(record, messages, tools, options, fmt, (provider, dataset))
+    variant = entry.variant if entry is not None else None
     options, turn, unserved = _unserved(record, options, turn, fmt)
     enc = encoder if encoder is not None else PieceEncoder(tok)
     if enc.tok is not tok:
         raise ValueError("the encoder belongs to another tokenizer")
     flags = (reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
-             + _table_flags(record, options, fmt, variant))
+             + _table_flags(entry))
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None), variant)
     if prompt_marker:
         flags.append("prompt_literal_marker")
@@ -453,7 +439,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
         serving=getattr(options, "serving", PROFILES["template"]).name,
         serving_variant=variant.describe() if variant is not None else None,
-        count_conventions=_count_conventions(record, options, fmt, (served_turn, messages, enc, len(completion_ids))))
+        count_conventions=_count_conventions(entry))
 
 
 def _billed_counts(response: dict) -> dict[str, int | None]:
