@@ -331,3 +331,19 @@ def test_the_docs_table_is_the_calibration_of_the_recorded_corpus(rows):
     docs = (REPO_ROOT / "docs" / "providers.md").read_text().splitlines()
     printed = [line for line in table_text(rows).splitlines() if line.startswith(("| ", "prompts", "completions", "held"))]
     assert len(printed) > 20 and all(line in docs for line in printed), [line for line in printed if line not in docs]
+
+
+def test_the_results_page_shows_these_totals(rows):
+    """docs/results.md's eighth-session table: the calibration totals and the interval on tool prompts, recomputed."""
+    from kimi_eagle.assets import REPO_ROOT
+    from kimi_eagle.diff.summary import wilson
+
+    page = (REPO_ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    t = totals(rows)
+    k, n = t["prompt_tools"]
+    lo, hi = wilson(k, n)
+    assert f"**{k}/{n} ({100 * k / n:.1f} %**, Wilson 95 % {100 * lo:.1f}–{100 * hi:.1f})" in page
+    c, m = t["completion"]
+    assert f"**{m - c}/{m} ({100 * (m - c) / m:.1f} %)**" in page
+    (hp, hn), (hc, hm) = t["held_out_prompt"], t["held_out_completion"]
+    assert f"**{hp}/{hn}** ({100 * hp / hn:.1f} %), **{hc}/{hm}** ({100 * hc / hm:.1f} %)" in page
