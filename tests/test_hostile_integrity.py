@@ -388,7 +388,9 @@ def test_a_second_run_on_a_locked_output_is_refused_in_one_line(hs, tmp_path, co
 
 def test_two_train_processes_in_one_folder_do_not_interleave(hs, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "kimi_eagle", "train", str(hs), "--target", TARGET, "-o", str(out), "--steps", "150",
+    # 1,500 steps (about 7 s of training after a 2-3 s start): the second process, which takes as long to start,
+    # must find the first one still running (at 150 steps a loaded machine let the first finish first)
+    cmd = [sys.executable, "-m", "kimi_eagle", "train", str(hs), "--target", TARGET, "-o", str(out), "--steps", "1500",
            "--ttt-steps", "2", "--batch-size", "2", "--draft-vocab-size", "64", "--no-progress"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -402,7 +404,7 @@ def test_two_train_processes_in_one_folder_do_not_interleave(hs, tmp_path):
     assert second.stderr.strip().splitlines()[-1].endswith("wait for it or choose another output")
     assert first.returncode == 0, err
     steps = [json.loads(x)["step"] for x in (out / "train_log.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps)) and steps[-1] == 150  # one run's log, in order
+    assert steps == sorted(set(steps)) and steps[-1] == 1500  # one run's log, in order
 
 
 # ---- reconstruct_batch: rows that are not one line ----
