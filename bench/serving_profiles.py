@@ -1,7 +1,7 @@
 """Serving profiles against what the servers render and return, on a seeded mix (and the bundled data).
 
 1. Prompt byte parity: N generated multi-turn requests with tools. The server's prompt is that server's
-   preprocessing (kimi_eagle.chat.serving.preprocess_request) feeding the *official* K2.5 template through
+   preprocessing (kimi_eagle.serving.request.preprocess_request) feeding the *official* K2.5 template through
    the kit's sandboxed jinja (tools_ts_str for the TypeScript declaration); the kit's prompt is the native
    renderer. "before" renders with the template profile (today's default), "after" with the server's.
 2. Parser agreement per field (reasoning, content, tool calls, finish reason) between the kit's default
@@ -26,12 +26,14 @@ from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.completion import CONTENT, SPECIAL
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import HFTemplateFormat, count_tool_calls, get_format, render
-from kimi_eagle.chat.parse import ParseOptions, api_record, parse_completion
-from kimi_eagle.chat.serving import get_profile, preprocess_request
-from kimi_eagle.chat.tool_decl import tools_to_typescript
+from kimi_eagle.chat.parse import ParseOptions, api_record
+from kimi_eagle.chat.tool_decl import typescript_or_none
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_options
 from kimi_eagle.records import RecordError
+from kimi_eagle.serving.answer import parse_completion
+from kimi_eagle.serving.profiles import get_profile
+from kimi_eagle.serving.request import preprocess_request
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 SERVERS = ("moonshot", "vllm", "sglang")
@@ -79,7 +81,7 @@ def server_prompt(template: HFTemplateFormat, messages: list[dict], tools: list,
         messages, tools = preprocess_request(messages, tools, profile)
     except RecordError:
         return None
-    ts = tools_to_typescript(tools) if profile.tool_declaration == "ts" else None
+    ts = typescript_or_none(tools) if profile.tool_declaration == "ts" else None
     return template.template.render(messages=messages, tools=tools, tools_ts_str=ts, add_generation_prompt=True,
                                     preserve_thinking=False)
 

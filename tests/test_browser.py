@@ -367,7 +367,8 @@ def test_next_hunk_brings_the_current_hunk_into_the_viewport(page):
 
 
 def test_completion_playground_parses_what_is_typed(page, kimi):
-    from kimi_eagle.chat.parse import ParseOptions, parse_completion
+    from kimi_eagle.chat.parse import ParseOptions
+    from kimi_eagle.serving.answer import parse_completion
 
     tok = kimi
     box = page.locator(".ke-completion-ids textarea")

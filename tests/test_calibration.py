@@ -8,7 +8,19 @@ import pytest
 from kimi_eagle.apps.cli import main
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.k2_0905 import TOOLS_HEADING, KimiK2Instruct0905, declaration_0905
-from kimi_eagle.chat.server_variants import (
+from kimi_eagle.reconstruct.record import rebuild_under, reconstruct_record, serving_options
+from kimi_eagle.reconstruct.recorded import exchange_record
+from kimi_eagle.serving.calibration import VariantCounts, calibrate, held_out, in_period, period_of, totals
+from kimi_eagle.serving.profiles import get_profile
+from kimi_eagle.serving.provider_table import (
+    TABLE_PATH,
+    TableError,
+    calibrated_profile,
+    load_table,
+    table_items,
+)
+from kimi_eagle.serving.request import served_prompt_pieces
+from kimi_eagle.serving.variants import (
     SCHEMAS,
     SPACE,
     Variant,
@@ -18,17 +30,6 @@ from kimi_eagle.chat.server_variants import (
     with_history,
     with_system,
 )
-from kimi_eagle.chat.serving import get_profile, served_prompt_pieces
-from kimi_eagle.reconstruct.calibration import VariantCounts, calibrate, held_out, in_period, period_of, totals
-from kimi_eagle.reconstruct.provider_table import (
-    TABLE_PATH,
-    TableError,
-    calibrated_profile,
-    load_table,
-    table_items,
-)
-from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
-from kimi_eagle.reconstruct.recorded import exchange_record
 
 # MEASURED on the recorded corpus (2026-12): (provider, model, period) -> (status, variant,
 # (prompt equal, compared), (completion equal, compared), held-out prompt, held-out completion)
@@ -62,12 +63,12 @@ def records(exchanges):  # conftest.py: the recorded real exchanges
 
 @pytest.fixture(scope="module")
 def counts(kimi):
-    return VariantCounts(kimi)
+    return VariantCounts(kimi, rebuild_under)
 
 
 @pytest.fixture(scope="module")
 def rows(records, kimi, counts):
-    return calibrate(records, kimi, counts)
+    return calibrate(records, counts)
 
 
 def _row(rows, key):
@@ -326,7 +327,7 @@ def test_the_providers_command_names_every_line_it_leaves_out(tmp_path, capsys):
 def test_the_docs_table_is_the_calibration_of_the_recorded_corpus(rows):
     """docs/providers.md shows ``kimi-eagle providers --recorded``'s table and totals, recomputed here."""
     from kimi_eagle.assets import REPO_ROOT
-    from kimi_eagle.reconstruct.provider_report import table_text
+    from kimi_eagle.serving.calibration import table_text
 
     docs = (REPO_ROOT / "docs" / "providers.md").read_text().splitlines()
     printed = [line for line in table_text(rows).splitlines() if line.startswith(("| ", "prompts", "completions", "held"))]

@@ -4,8 +4,8 @@ import importlib
 
 import pytest
 
-MODULES = ["kimi_eagle.chat.serving", "kimi_eagle.chat.profile_files", "kimi_eagle.chat.detok",
-           "kimi_eagle.chat.unserve"]
+MODULES = ["kimi_eagle.serving.request", "kimi_eagle.serving.profiles", "kimi_eagle.serving.detokenizer", "kimi_eagle.serving.answer",
+           "kimi_eagle.serving.unserve"]
 
 
 @pytest.mark.parametrize("name", MODULES)

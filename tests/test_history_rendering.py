@@ -1,21 +1,22 @@
 """What providers' servers do to a request's history and to an answer's count, as declared dimensions of the
-calibration space (issue 34, kimi_eagle/chat/server_variants.py): each value is a plain function, specified here on
+calibration space (issue 34, kimi_eagle/serving/variants.py): each value is a plain function, specified here on
 small requests, then on the recorded exchanges that needed it."""
 import pytest
 
 from kimi_eagle.chat.completion import ToolCall, Turn
 from kimi_eagle.chat.k2_0905 import KimiK2Instruct0905
-from kimi_eagle.chat.server_variants import (
+from kimi_eagle.reconstruct.record import rebuild_under
+from kimi_eagle.reconstruct.recorded import exchange_record
+from kimi_eagle.serving.calibration import VariantCounts, billed, calibrate
+from kimi_eagle.serving.periods import deployment_of
+from kimi_eagle.serving.provider_table import record_entry
+from kimi_eagle.serving.variants import (
     Variant,
     chars_estimate,
     declaration,
     served_text_turn,
     with_history,
 )
-from kimi_eagle.reconstruct.calibration import VariantCounts, billed, calibrate
-from kimi_eagle.reconstruct.periods import deployment_of
-from kimi_eagle.reconstruct.provider_table import record_entry
-from kimi_eagle.reconstruct.recorded import exchange_record
 
 CALL = {"id": "weather:0", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Florence"}'}}
 HISTORY = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
@@ -111,7 +112,7 @@ def _by_id(records, prefix):
 def test_deepinfra_bills_tool_call_answers_by_characters_not_tokens(records, kimi):
     """Two DeepInfra answers with 12-token contents and the same 10-token call are billed 25 and 26: no count of their
     tokens can tell them apart; their contents have 61 and 65 characters (round(chars / 4) = 15 and 16)."""
-    counts = VariantCounts(kimi)
+    counts = VariantCounts(kimi, rebuild_under)
     a = _by_id(records, "fantasy:gen-1758698444-PaNno")
     b = _by_id(records, "fantasy:gen-1758709846-1RnWt")
     contents = [r["response"]["choices"][0]["message"]["content"] for r in (a, b)]
@@ -125,7 +126,7 @@ def test_deepinfra_bills_tool_call_answers_by_characters_not_tokens(records, kim
 def test_novita_runs_two_deployments_told_apart_by_their_fingerprints(records, kimi):
     novita = [r for r in records if r["response"].get("provider") == "Novita"]
     assert sorted({deployment_of(r) for r in novita}) == ["fpv0", "none"]
-    rows = [r for r in calibrate(novita, kimi) if r["provider"] == "Novita"]
+    rows = [r for r in calibrate(novita, VariantCounts(kimi, rebuild_under)) if r["provider"] == "Novita"]
     assert sorted((r["deployment"], r["records"], r["status"]) for r in rows) == [
         ("fpv0", 24, "explained"), ("none", 3, "explained")]
     for r in novita:  # the shipped table's entry of each record is its own deployment's

@@ -18,9 +18,10 @@ LIBRARY: dict[str, set[str]] = {
     "core": set(),
     "tokenize": {"core"},
     "chat": {"core", "tokenize"},
-    "reconstruct": {"core", "tokenize", "chat"},
-    "diff": {"core", "tokenize", "chat", "reconstruct"},
-    "engine": {"core", "tokenize", "chat"},
+    "serving": {"core", "tokenize", "chat"},
+    "reconstruct": {"core", "tokenize", "chat", "serving"},
+    "diff": {"core", "tokenize", "chat", "serving", "reconstruct"},
+    "engine": {"core", "tokenize", "chat", "serving"},
     "eagle3": {"core", "tokenize", "chat", "engine"},
 }
 APPS = "apps"

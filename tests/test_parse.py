@@ -17,12 +17,12 @@ from kimi_eagle.chat.parse import (
     ParseOptions,
     answer_conventions,
     api_record,
-    parse_completion,
     reconstruction_options,
     think_end_before_tools,
 )
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.record import reconstruct_record
+from kimi_eagle.serving.answer import parse_completion
 
 K25 = get_format("kimi-k2.5")
 WEATHER = ('<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Beijing"}'

@@ -1,4 +1,4 @@
-"""Serving profiles are data files (kimi_eagle/chat/profiles/*.toml): every shipped file loads, the profiles are
+"""Serving profiles are data files (kimi_eagle/serving/profiles/*.toml): every shipped file loads, the profiles are
 the ones the code defined before they became files, aliases resolve, and every mistake in a file is refused
 with one line naming the file."""
 import json
@@ -8,11 +8,20 @@ from dataclasses import fields
 import pytest
 
 from kimi_eagle.assets import REPO_ROOT
-from kimi_eagle.chat.profile_files import PROFILE_DIR, load_profiles, read_profiles
-from kimi_eagle.chat.serving import ALIASES, CANDIDATES, PROFILES, SERVING_CHOICES, ServingProfile, get_profile
-from kimi_eagle.chat.serving_choice import CANDIDATES as CHOICE_CANDIDATES
+from kimi_eagle.serving.auto import CANDIDATES as CHOICE_CANDIDATES
+from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import (
+    ALIASES,
+    CANDIDATES,
+    PROFILE_DIR,
+    PROFILES,
+    SERVING_CHOICES,
+    get_profile,
+    load_profiles,
+    read_profiles,
+)
 
-# The profiles as kimi_eagle/chat/serving.py defined them in code before the files (its dict literals, with
+# The profiles as kimi_eagle/serving/request.py defined them in code before the files (its dict literals, with
 # _MOONSHOT spelled out), under their new names; every other field is the ServingProfile default.
 _MOONSHOT = dict(tool_declaration="ts", sort_tools=True, drop_none_keys=True)
 BEFORE_FILES = {

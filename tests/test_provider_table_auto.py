@@ -10,12 +10,12 @@ import pytest
 
 from kimi_eagle.apps.cli import main
 from kimi_eagle.chat.formats import get_format
-from kimi_eagle.chat.server_variants import history_calls
-from kimi_eagle.chat.serving_choice import choose_profiles, describe, sample_groups
-from kimi_eagle.reconstruct.calibration import billed
-from kimi_eagle.reconstruct.provider_table import TABLE_PATH, load_table, record_entry
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record
 from kimi_eagle.reconstruct.recorded import exchange_record
+from kimi_eagle.serving.auto import choose_profiles, describe, sample_groups
+from kimi_eagle.serving.calibration import billed
+from kimi_eagle.serving.provider_table import TABLE_PATH, load_table, record_entry
+from kimi_eagle.serving.variants import history_calls
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ import pytest
 
 from kimi_eagle.apps.cli import main
 from kimi_eagle.diff.billing import reconcile_rows, record_facts, table_conventions, table_expected, verdict_class
-from kimi_eagle.reconstruct.calibration import VariantCounts
-from kimi_eagle.reconstruct.provider_table import record_entry
+from kimi_eagle.reconstruct.record import rebuild_under
 from kimi_eagle.reconstruct.recorded import exchange_record
+from kimi_eagle.serving.calibration import VariantCounts
+from kimi_eagle.serving.provider_table import record_entry
 
 FORMATS = ("kimi-k2-instruct", "kimi-k2.5", "kimi-k2-thinking")
 
@@ -51,7 +52,7 @@ def test_every_record_has_a_row_and_a_verdict(flow):
 def test_table_conventions_predict_what_the_calibration_counts(flow, kimi):
     """Where a row carries the table's count conventions, billing's prediction (the row's completion IDs plus what
     the conventions add) is the calibration counter's completion count under the entry's variant, record by record."""
-    counts, checked = VariantCounts(kimi), 0
+    counts, checked = VariantCounts(kimi, rebuild_under), 0
     for records, rows, _ in flow.values():
         by_id = {r["id"]: r for r in records}
         for row in rows:

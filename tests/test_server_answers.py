@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from kimi_eagle.chat.parse import ParseOptions, parse_completion
-from kimi_eagle.chat.served_answer import RANDOM_ID
-from kimi_eagle.chat.served_sglang import SglangOptions, sglang_answer
-from kimi_eagle.chat.serving import PROFILES, get_profile, history_call_count
+from kimi_eagle.chat.parse import ParseOptions
+from kimi_eagle.serving.answer import parse_completion
+from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.request import history_call_count
+from kimi_eagle.serving.sglang_answer import SglangOptions, sglang_answer
+from kimi_eagle.serving.vllm_answer import RANDOM_ID
 
 SERVERS = Path(__file__).parent / "data" / "servers"
 

@@ -14,9 +14,9 @@ import pytest
 from test_server_answers import load_vectors
 from test_server_roundtrip import api_record
 
-from kimi_eagle.chat.serving import get_profile
-from kimi_eagle.chat.serving_choice import answer_consistent, choose_profiles, describe
-from kimi_eagle.reconstruct.auto_serving import reconstruct_counter
+from kimi_eagle.reconstruct.prepass import reconstruct_counter
+from kimi_eagle.serving.auto import answer_consistent, choose_profiles, describe
+from kimi_eagle.serving.profiles import get_profile
 
 
 def provider_records(name: str, variant: str, n: int) -> list[dict]:

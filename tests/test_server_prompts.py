@@ -4,8 +4,8 @@
 server-vectors``) holds a ``{"meta": ...}`` line, then one request per line with the server's answer:
 ``status`` and, for 200, the ``prompt_ids`` it rendered (vLLM: ``/v1/chat/completions/render``; SGLang: the
 ``input_ids`` its chat serving hands the engine). :func:`check_prompts` renders every request with the profile
-(normalise, :func:`~kimi_eagle.chat.serving.preprocess_request`, the K2.5 format,
-:func:`~kimi_eagle.chat.serving.served_prompt_pieces`, encode) and asks for equal IDs, or a RecordError where
+(normalise, :func:`~kimi_eagle.serving.request.preprocess_request`, the K2.5 format,
+:func:`~kimi_eagle.serving.request.served_prompt_pieces`, encode) and asks for equal IDs, or a RecordError where
 the server refused the request, for every case not listed as an exception (``{case: reason}``).
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile, preprocess_request, served_prompt_pieces
 from kimi_eagle.records import RecordError
+from kimi_eagle.serving.profiles import SERVING_CHOICES, get_profile
+from kimi_eagle.serving.request import preprocess_request, served_prompt_pieces
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 SERVERS = Path(__file__).resolve().parent / "data" / "servers"

@@ -23,9 +23,9 @@ import pytest
 from test_server_answers import MIN_SGLANG_ANSWERS, SGLANG_VARIANTS, VLLM_VARIANTS, load_vectors
 
 from kimi_eagle.chat.formats import get_format
-from kimi_eagle.chat.serving import get_profile
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
 from kimi_eagle.records import RecordError
+from kimi_eagle.serving.profiles import get_profile
 
 LOSS_FLAGS = {"reasoning_end_unknown", "before_tools_unknown", "arguments_whitespace_unknown",
               "empty_arguments_ambiguous", "tool_id_unknown", "content_end_unknown", "literal_marker",
@@ -94,7 +94,7 @@ def test_sglang_answers_reconstruct_to_the_engine_ids_or_say_why(variant, kimi):
 def well_formed(vector: dict, tok) -> bool:
     """An output as K2.5 writes it in practice: ``functions.NAME:N`` ids, JSON-object arguments, no marker text, no
     whitespace at the edges of reasoning, content or arguments, finished by ``<|im_end|>``."""
-    from kimi_eagle.chat.parse import parse_completion
+    from kimi_eagle.serving.answer import parse_completion
 
     if vector["finish_reason"] != "stop":
         return False

@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 from kimi_eagle.chat.completion import CONTENT, SPECIAL
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import count_tool_calls, get_format
-from kimi_eagle.chat.parse import ParseOptions, api_record, parse_completion
-from kimi_eagle.chat.serving import PROFILES, ServingProfile, deep_sort, get_profile, preprocess_request
+from kimi_eagle.chat.parse import ParseOptions, api_record
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_options
 from kimi_eagle.records import RecordError
+from kimi_eagle.serving.answer import parse_completion
+from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.request import deep_sort, preprocess_request
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 S, SE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -336,7 +339,7 @@ MULTI = [{"role": "user", "content": "q"},
 
 
 def test_auto_picks_each_providers_profile_from_its_billed_prompt_counts(kimi):
-    from kimi_eagle.chat.serving_choice import choose_profiles, describe
+    from kimi_eagle.serving.auto import choose_profiles, describe
 
     records = [billed_record(kimi, "a", "A", "template", MULTI, TOOLS),
                billed_record(kimi, "b", "B", "moonshot", MULTI, TOOLS),
@@ -406,8 +409,8 @@ def billed(record, counts, prompt_serving, completion_tokens):
 
 
 def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
-    from kimi_eagle.chat.serving_choice import choose_profiles, describe
-    from kimi_eagle.reconstruct.auto_serving import reconstruct_counter
+    from kimi_eagle.reconstruct.prepass import reconstruct_counter
+    from kimi_eagle.serving.auto import choose_profiles, describe
 
     counter = reconstruct_counter(kimi, "kimi-k2.5")
     counts = counter(call_answer_record("x", "X", "tool_calls"))
@@ -442,7 +445,7 @@ def test_auto_breaks_prompt_ties_with_the_billed_completion_counts(kimi):
 
 
 def test_auto_without_evidence_is_template(kimi):
-    from kimi_eagle.chat.serving_choice import choose_profiles, describe
+    from kimi_eagle.serving.auto import choose_profiles, describe
 
     plain = {"id": "p", "request": {"messages": [{"role": "user", "content": "hi"}]},
              "response": {"provider": "P", "usage": {"prompt_tokens": 1, "completion_tokens": 1},
@@ -461,7 +464,7 @@ def test_cli_defaults_to_auto_and_records_the_profile_per_row_and_provider(kimi,
     import pyarrow.parquet as pq
 
     from kimi_eagle.apps.cli import main
-    from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_line
+    from kimi_eagle.serving.evidence import serving_by_provider, serving_line
 
     records = [billed_record(kimi, "a", "A", "template", MULTI, TOOLS),
                billed_record(kimi, "b", "B", "vllm-legacy", MULTI, TOOLS, answer_ids=("chatcmpl-tool-1",)),
@@ -498,7 +501,7 @@ def test_diff_report_names_the_profile_per_provider(tmp_path):
 
     from kimi_eagle.apps.reports.diff_report import write_report
     from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, DiffResult
-    from kimi_eagle.reconstruct.auto_serving import serving_line
+    from kimi_eagle.serving.evidence import serving_line
 
     rows = [{**{f.name: None for f in RECORD_SCHEMA}, "id": rid, "provider": p, "status": "ok", "verdict": "exact",
              "label": "exact", "subclasses": [], "flags": [], "dataset": "unit", "n_engine_tokens": 3,
@@ -549,8 +552,8 @@ def test_diff_report_shows_the_auto_choice_and_its_evidence(tmp_path):
     import pyarrow as pa
 
     from kimi_eagle.apps.reports.diff_report import write_report
-    from kimi_eagle.chat.serving_choice import describe
     from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, DiffResult
+    from kimi_eagle.serving.auto import describe
 
     recon = tmp_path / "recon.parquet"
     group = {"provider": "B", "dataset": None, "profile": "vllm-0.33", "no_evidence": None, "compared": 4,

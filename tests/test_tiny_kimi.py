@@ -14,7 +14,7 @@ from kimi_eagle.apps.tiny_kimi import (
 )
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.formats import get_format
-from kimi_eagle.chat.parse import parse_completion, reconstruction_options
+from kimi_eagle.chat.parse import reconstruction_options
 from kimi_eagle.diff.run import diff_files
 from kimi_eagle.engine.id_map import ID_MAP_FILE, IdMap, IdMapError
 from kimi_eagle.engine.kimi_format import kimi_chat_answer
@@ -23,6 +23,7 @@ from kimi_eagle.io import read_jsonl
 from kimi_eagle.reconstruct.convert import convert
 from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 from kimi_eagle.reconstruct.record import reconstruct_record
+from kimi_eagle.serving.answer import parse_completion
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 # a few seconds: the real data and vocabulary, a very small network, two steps

@@ -178,6 +178,25 @@ class NumberList:
 
 
 POSITIVE_INT = Number(int, 1)  # counts, sizes, steps, threads, workers
+
+
+def serving_argument(*extra: str):
+    """An argparse ``type`` for ``--serving``: a shipped profile name or alias, one of ``extra`` (``auto``), or a
+    profile file ``PATH.toml`` (loaded and checked as the shipped ones are: a one-line error otherwise)."""
+    from kimi_eagle.serving.profiles import SERVING_CHOICES, is_profile_file, load_profile_file
+
+    def parse(text: str) -> str:
+        if text in SERVING_CHOICES or text in extra:
+            return text
+        if is_profile_file(text):
+            try:
+                load_profile_file(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)[:300]) from None
+            return text
+        raise argparse.ArgumentTypeError(f"unknown serving profile {text!r}; known: "
+                                         f"{', '.join((*SERVING_CHOICES, *extra))}, or a profile file PATH.toml")
+    return parse
 NONNEG_INT = Number(int, 0)  # seeds, counts where 0 means none
 PORT = Number(int, 0, 65535)
 NONNEG_FLOAT = Number(float, 0)  # temperatures, seconds

@@ -150,7 +150,7 @@ class KimiK25:
 
     thinking: bool = True
     preserve_thinking: bool = False
-    tools_ts: Callable[[list], str] | None = None
+    tools_ts: Callable[[list], str | None] | None = None  # None from it: the JSON declaration (Moonshot's fallback)
     name: str = "kimi-k2.5"
     continuation: bool = False
 
@@ -483,7 +483,7 @@ def get_format(name: str, tokenizer: Tokenizer | None = None, tool_declaration: 
         raise ValueError(f"unknown tool declaration {tool_declaration!r}; known: {', '.join(TOOL_DECLARATIONS)}")
     ts = None
     if tool_declaration == "ts":
-        from kimi_eagle.chat.tool_decl import tools_to_typescript as ts
+        from kimi_eagle.chat.tool_decl import typescript_or_none as ts
     if name == "kimi-k2.5":
         return KimiK25(thinking=True, tools_ts=ts)
     if name == "kimi-k2.5-nothink":

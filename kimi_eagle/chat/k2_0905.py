@@ -13,7 +13,7 @@ that change token counts, each read off the template's text:
 * the default system turn has no newline after it.
 
 Billed prompt counts of four OpenRouter providers of K2-0905 (BaseTen, SiliconFlow, Together, Chutes: see
-docs/providers.md) match this declaration exactly and no other one in :mod:`kimi_eagle.chat.server_variants`.
+docs/providers.md) match this declaration exactly and no other one in :mod:`kimi_eagle.serving.variants`.
 This is an independent implementation of that template's output, checked against those counts.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The inverse of reconstruction: a raw Kimi completion (engine IDs or text) -> the API message.
+"""The inverse of reconstruction: a raw Kimi completion (engine IDs or text) -> the API message, as written.
 
-``parse_completion`` reads what K2.5 / K2 wrote after the generation prompt and returns what a Kimi
+``parse_written`` reads what K2.5 / K2 wrote after the generation prompt and returns what a Kimi
 parser in SGLang or vLLM hands back: reasoning, content, tool calls with their ids and argument
 strings, and the finish reason. The rules follow those servers' Kimi-K2 reasoning and tool parsers:
 
@@ -34,9 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kimi_eagle.chat.completion import CompletionOptions, tool_id_style
-from kimi_eagle.chat.served_answer import parse_served
-from kimi_eagle.chat.served_sglang import parse_sglang
-from kimi_eagle.chat.serving import ServingProfile, get_profile
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 THINK, THINK_END = "<think>", "</think>"
@@ -51,8 +48,6 @@ _ID_NAME = re.compile(r"(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)")
 PARSE_FORMATS = {"kimi-k2.5": "reasoning", "kimi-k2-thinking": "think_begin", "kimi-k2.5-nothink": "content",
                  "kimi-k2-instruct": "content"}
 TOOL_ID_OUTPUTS = ("model", "sglang")
-# a profile's answer_rules -> the server version's answer (chat/served_answer.py, chat/served_sglang.py)
-SERVED_ANSWERS = {"vllm-0.33": parse_served, "sglang-0.5": parse_sglang}
 
 
 @dataclass
@@ -156,7 +151,7 @@ class ParseOptions:
     strip ``<|im_end|>`` from text, so pass it for text). ``strip``: strip whitespace as the servers'
     regexes do. ``tool_ids``: ``model`` (the id the model wrote) or ``sglang``
     (``functions.NAME:{history_tool_calls + N}``). ``serving``: the serving profile whose server's
-    answer to return (:mod:`kimi_eagle.chat.serving`; ``template``, the default, is the parse above;
+    answer to return (:func:`kimi_eagle.serving.answer.parse_completion`; ``template``, the default, is the parse as written;
     ``vllm``/``sglang`` split the decoded text on marker spellings as those servers do, and ``strip`` and
     ``tool_ids`` then come from the profile).
     """
@@ -166,27 +161,8 @@ class ParseOptions:
     strip: bool = False
     tool_ids: str = "model"
     history_tool_calls: int = 0
-    serving: str | ServingProfile = "template"
+    serving: Any = "template"  # a profile name or a ServingProfile (read by kimi_eagle.serving.answer)
     tools: tuple | list | None = None
-
-
-def _parse_served(ids: list[int], tok: Tokenizer, profile: ServingProfile, options: ParseOptions) -> ParsedCompletion:
-    """What ``profile``'s server version answers (:mod:`kimi_eagle.chat.served_answer`), with the flags of what it
-    changed against the IDs as written."""
-    written = parse_completion(ids, tok, ParseOptions(format_name=options.format_name,
-                                                      finish_reason=options.finish_reason))
-    serve = SERVED_ANSWERS[profile.answer_rules]
-    answer, flags = serve(ids, tok, profile, options, written, PARSE_FORMATS[options.format_name])
-    return ParsedCompletion(reasoning=answer.reasoning, content=answer.content, tool_calls=answer.tool_calls,
-                            finish_reason=answer.finish_reason, think_end=written.think_end, n_tokens=len(ids),
-                            flags=list(dict.fromkeys(flags)))
-
-
-def _text_ids(text: str, tok: Tokenizer | None) -> list[int]:
-    """Raw completion text as IDs: marker spellings as their special tokens, the rest as ordinary text."""
-    if tok is None:
-        raise ValueError("parsing with a server version's answer rules needs the tokenizer")
-    return tok.encode(text, allow_special=set(MARKERS))
 
 
 def _cut_at_im_end(units: list[tuple[str, bool]], flags: list[str]) -> tuple[list[tuple[str, bool]], bool]:
@@ -230,22 +206,21 @@ def _read_text(units: list[tuple[str, bool]], start: str, flags: list[str]) -> t
     return reasoning, content, think_end if start != "content" else None, state, pos
 
 
-def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
-                     options: ParseOptions = ParseOptions()) -> ParsedCompletion:
-    """Parse a raw completion (the IDs or text after the generation prompt) into the API message.
+@dataclass(frozen=True)
+class WrittenRules:
+    """What an older server transcription changes in the parse as written: ``strip`` whitespace as its regexes do,
+    ``drop_unterminated`` a cut last call, ``renumber`` ids as SGLang's ``functions.NAME:{history + N}``, and when a
+    tool section makes the finish ``tool_calls`` (``finish_on_section``: ``never``, ``on_stop``, ``always``)."""
 
-    ``source``: engine IDs (needs ``tok``) or the raw text with markers spelled out; ``options``: the
-    format, finish reason, whitespace, tool-id and serving conventions (:class:`ParseOptions`).
-    """
-    if options.format_name not in PARSE_FORMATS:
-        raise ValueError(f"cannot parse format {options.format_name!r}; known: {', '.join(PARSE_FORMATS)}")
-    if options.tool_ids not in TOOL_ID_OUTPUTS:
-        raise ValueError(f"unknown tool_ids {options.tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
-    profile = get_profile(options.serving)
-    if profile.answer_rules != "legacy":  # a server version read off its recorded answers
-        return _parse_served(list(source if not isinstance(source, str) else _text_ids(source, tok)), tok, profile,
-                             options)
-    flags: list[str] = []
+    strip: bool = False
+    drop_unterminated: bool = False
+    renumber: bool = False
+    finish_on_section: str = "never"
+
+
+def completion_units(source: Sequence[int] | str, tok: Tokenizer | None,
+                     flags: list[str]) -> tuple[list[tuple[str, bool]], int | None, bool]:
+    """``(units before <|im_end|>, number of IDs or None for text, whether <|im_end|> was written)``."""
     if isinstance(source, str):
         units, n_tokens = _units_from_text(source), None
     else:
@@ -253,58 +228,50 @@ def parse_completion(source: Sequence[int] | str, tok: Tokenizer | None = None,
             raise ValueError("parsing IDs needs the tokenizer")
         units, n_tokens = _units_from_ids(list(source), tok, flags), len(source)
     units, ended = _cut_at_im_end(units, flags)
-    if profile.split_on == "text":
-        return _parse_as_server(units, ended, n_tokens, flags, profile, options)
+    return units, n_tokens, ended
+
+
+def check_parse_options(options: ParseOptions) -> None:
+    if options.format_name not in PARSE_FORMATS:
+        raise ValueError(f"cannot parse format {options.format_name!r}; known: {', '.join(PARSE_FORMATS)}")
+    if options.tool_ids not in TOOL_ID_OUTPUTS:
+        raise ValueError(f"unknown tool_ids {options.tool_ids!r}; known: {', '.join(TOOL_ID_OUTPUTS)}")
+
+
+def parse_written(source: Sequence[int] | str, tok: Tokenizer | None = None, options: ParseOptions = ParseOptions(),
+                  rules: WrittenRules = WrittenRules()) -> ParsedCompletion:
+    """A raw completion (engine IDs, needing ``tok``, or text with markers spelled out) parsed as written: the
+    API message the template's own conventions give (``options.serving`` is not read: a server's answer is
+    :func:`kimi_eagle.serving.answer.parse_completion`)."""
+    check_parse_options(options)
+    flags: list[str] = []
+    units, n_tokens, ended = completion_units(source, tok, flags)
     reasoning, content, think_end, state, pos = _read_text(units, PARSE_FORMATS[options.format_name], flags)
     if state == "reasoning":  # cut off, or (not well-formed) <|im_end|> with no </think> before it
         flags.append("truncated_in_reasoning" if not ended else "reasoning_not_closed")
-    strip = options.strip or profile.strip
+    strip = options.strip or rules.strip
     calls = _parse_tool_section(units[pos:], flags, strip) if state == "tools" else []
     reasoning_text = "".join(reasoning)
     if strip and think_end is False:
         reasoning_text = reasoning_text.rstrip()
-    if profile.unterminated_call == "drop" and "truncated_in_tool_call" in flags and calls:
+    if rules.drop_unterminated and "truncated_in_tool_call" in flags and calls:
         calls.pop()
         flags.append("dropped_by_server")
-    if options.tool_ids == "sglang" or profile.id_rule == "sglang":
+    if options.tool_ids == "sglang" or rules.renumber:
         for call in calls:
             index = int(_ID_NAME.fullmatch(call["id"]).group("index"))
             call["id"] = f"functions.{call['function']['name']}:{options.history_tool_calls + index}"
-    finish = options.finish_reason or _finish(ended, bool(calls), state == "tools", profile)
+    finish = options.finish_reason or finish_reason(ended, bool(calls), state == "tools", rules.finish_on_section)
     return ParsedCompletion(reasoning=reasoning_text or None, content="".join(content) or None, tool_calls=calls,
                             finish_reason=finish, think_end=think_end, n_tokens=n_tokens, flags=flags)
 
 
-def _finish(ended: bool, called: bool, section: bool, profile: ServingProfile) -> str:
-    """The finish reason a server reports: ``stop``/``length`` by the stop, ``tool_calls`` by the profile's rule."""
+def finish_reason(ended: bool, called: bool, section: bool, finish_on_section: str = "never") -> str:
+    """The finish reason a server reports: ``stop``/``length`` by the stop, ``tool_calls`` by ``finish_on_section``."""
     natural = "stop" if ended else "length"
-    if called and ended or section and (profile.finish_on_section == "always"
-                                        or profile.finish_on_section == "on_stop" and ended):
+    if called and ended or section and (finish_on_section == "always" or finish_on_section == "on_stop" and ended):
         return "tool_calls"
     return natural
-
-
-def _parse_as_server(units: list[tuple[str, bool]], ended: bool, n_tokens: int | None, flags: list[str],
-                     profile: ServingProfile, options: ParseOptions) -> ParsedCompletion:
-    """The decoded text split on marker spellings by ``profile``'s server parsers."""
-    from kimi_eagle.chat.server_parse import parse_served_text
-
-    text = "".join(t for t, _ in units)
-    got = parse_served_text(text, profile, PARSE_FORMATS[options.format_name], options.history_tool_calls)
-    if got["dropped"]:
-        flags.append("dropped_by_server")  # calls the model wrote (in full or cut) that the server did not return
-    if got["stripped"]:
-        flags.append("whitespace_stripped")  # the server's regexes and strips removed whitespace the model wrote
-    if got["renamed"]:
-        flags.append("tool_id_renumbered")  # SGLang's functions.NAME:{history + position}, not the id written
-    if got["think_end"] is False:
-        flags.append("no_think_end")
-    elif got["think_end"] is None and PARSE_FORMATS[options.format_name] != "content":
-        flags.append("truncated_in_reasoning" if not ended else "reasoning_not_closed")
-    finish = options.finish_reason or _finish(ended, bool(got["tool_calls"]), got["section"], profile)
-    return ParsedCompletion(reasoning=got["reasoning"], content=got["content"], tool_calls=got["tool_calls"],
-                            finish_reason=finish, think_end=got["think_end"], n_tokens=n_tokens,
-                            flags=list(dict.fromkeys(flags)))
 
 
 def _parse_tool_section(units: list[tuple[str, bool]], flags: list[str], strip: bool) -> list[dict[str, Any]]:
@@ -373,7 +340,7 @@ def reconstruction_options(parsed: ParsedCompletion, tool_ids: str = "auto") -> 
 
 def think_end_before_tools(ids: Sequence[int], tok: Tokenizer, format_name: str = "kimi-k2.5") -> bool | None:
     """Did the engine output write ``</think>`` before its tool section? ``None`` without tools or reasoning."""
-    parsed = parse_completion(ids, tok, ParseOptions(format_name=format_name))
+    parsed = parse_written(ids, tok, ParseOptions(format_name=format_name))
     return parsed.think_end if parsed.tool_calls else None
 
 

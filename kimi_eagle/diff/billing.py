@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import pyarrow as pa
 
-from kimi_eagle.chat.server_variants import chars_estimate, spaced_extra
+from kimi_eagle.serving.variants import chars_estimate, spaced_extra
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 REASONING_KINDS = ("reasoning",)

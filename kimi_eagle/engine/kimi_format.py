@@ -20,16 +20,12 @@ from typing import Any, Sequence
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, ParseOptions, parse_completion
-from kimi_eagle.chat.serving import (
-    PROFILES,
-    ServingProfile,
-    get_profile,
-    history_call_count,
-    preprocess_request,
-    served_prompt_pieces,
-)
+from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, ParseOptions
 from kimi_eagle.records import RecordError
+from kimi_eagle.serving.answer import parse_completion
+from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.request import history_call_count, preprocess_request, served_prompt_pieces
 from kimi_eagle.tokenize.tokenizer import Tokenizer, special_id
 
 KIMI_CHAT_FORMAT = "kimi-k2.5"
@@ -42,7 +38,7 @@ class KimiPromptError(ValueError):
 
 class KimiPromptRenderer:
     """K2.5 prompts for one tokenizer, rendered as ``serving``'s server renders them (its preprocessing and
-    tool declaration; :mod:`kimi_eagle.chat.serving`); the encoder's run cache is shared by calls (guarded by
+    tool declaration; :mod:`kimi_eagle.serving.request`); the encoder's run cache is shared by calls (guarded by
     a lock)."""
 
     def __init__(self, tok: Tokenizer, serving: str | ServingProfile = "template") -> None:
@@ -95,7 +91,7 @@ def kimi_chat_answer(output_ids: Sequence[int], tok: Tokenizer, engine_finish_re
                      serving: str | ServingProfile = "template", messages: Sequence[dict] = ()) -> KimiAnswer:
     """Parse sampled K2.5 IDs (after the ``<think>`` of the generation prompt) into the API answer.
 
-    The parse is :func:`kimi_eagle.chat.parse.parse_completion` as ``serving``'s server parses (``template``:
+    The parse is :func:`kimi_eagle.serving.answer.parse_completion` as ``serving``'s server parses (``template``:
     whitespace kept, the ids the model wrote, a call never closed keeps its arguments); ``messages``: the
     request's (SGLang numbers ids after their tool calls). An engine ``length`` stop stays ``length`` unless
     the profile reports ``tool_calls`` for any tool section (vLLM); an output ending in ``<|im_end|>`` is

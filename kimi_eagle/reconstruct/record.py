@@ -28,27 +28,29 @@ from kimi_eagle.chat.completion import (
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import Format
 from kimi_eagle.chat.messages import check_text, normalise_messages
-from kimi_eagle.chat.server_variants import (
+from kimi_eagle.io import fast_loads, loads_exact, parse_line
+from kimi_eagle.reconstruct.log_shapes import as_api_record
+from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
+from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
+from kimi_eagle.reconstruct.usage import usage_details
+from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
+from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.provider_table import (
+    completion_side_explained,
+    entry_applies,
+    record_entry,
+    unexplained_sides,
+)
+from kimi_eagle.serving.request import preprocess_request, served_prompt_pieces
+from kimi_eagle.serving.unserve import unserve_turn
+from kimi_eagle.serving.variants import (
     COUNT_DIMENSIONS,
     Variant,
     served_text_turn,
     template_format,
     variant_prompt_pieces,
 )
-from kimi_eagle.chat.serving import PROFILES, ServingProfile, get_profile, preprocess_request, served_prompt_pieces
-from kimi_eagle.chat.unserve import unserve_turn
-from kimi_eagle.io import fast_loads, loads_exact, parse_line
-from kimi_eagle.reconstruct.log_shapes import as_api_record
-from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
-from kimi_eagle.reconstruct.provider_table import (
-    completion_side_explained,
-    entry_applies,
-    record_entry,
-    unexplained_sides,
-)
-from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
-from kimi_eagle.reconstruct.usage import usage_details
-from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 FINISH_REASONS = ("stop", "tool_calls", "length")
@@ -65,14 +67,14 @@ def convention_flags(tool_ids: str = "auto") -> list[str]:
 @dataclass(frozen=True)
 class ReconstructOptions(CompletionOptions):
     """Completion options (see :class:`~kimi_eagle.chat.completion.CompletionOptions`) and the serving
-    profile whose prompt preprocessing runs before the template (:mod:`kimi_eagle.chat.serving`; its
+    profile whose prompt preprocessing runs before the template (:mod:`kimi_eagle.serving.request`; its
     tool declaration is the format's, set where the format is made)."""
 
     serving: ServingProfile = PROFILES["template"]
     # ``--serving auto``: JSON ``[[provider, dataset, profile fields], ...]`` (text, so that a resumed job's
     # manifest compares equal after its JSON round trip)
     serving_by_group: str | None = None
-    # ``--serving auto``: the provider table (kimi_eagle/reconstruct/provider_table.py, a path) whose explained entry
+    # ``--serving auto``: the provider table (kimi_eagle/serving/provider_table.py, a path) whose explained entry
     # for a record's provider, model and month decides its profile and conventions before any group choice
     provider_table: str | None = None
     # what the server did to the answer's text (chat/server_variants.py ``answer_text``; the table's variant sets it)
@@ -127,7 +129,7 @@ class ReconstructedRow:
     ids_source: str | None = None  # "logprobs" (the answer's logprob tokens) or "text" (encoded from the text)
     billed_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     cost: float | None = None  # usage.cost
-    serving: str | None = None  # the serving profile the row was reconstructed with (kimi_eagle.chat.serving)
+    serving: str | None = None  # the serving profile the row was reconstructed with (kimi_eagle.serving.request)
     serving_variant: str | None = None  # the provider table's variant the prompt was rendered with (None: none)
     count_conventions: list[str] = field(default_factory=list)  # the table's completion count conventions (billing)
 
@@ -305,7 +307,7 @@ def _encode_prompt(request: dict, messages: list[dict], fmt: Format, enc: PieceE
 
 def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
     """The provider table's entry for ``record`` when the options name a table, the entry explains at least one
-    side (:func:`~kimi_eagle.reconstruct.provider_table.entry_applies`) and its template applies to ``fmt`` (None
+    side (:func:`~kimi_eagle.serving.provider_table.entry_applies`) and its template applies to ``fmt`` (None
     otherwise: the group's choice decides)."""
     path = getattr(options, "provider_table", None)
     entry = record_entry(record, path) if path else None
@@ -316,7 +318,7 @@ def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
 
 def _count_conventions(entry: Any) -> list[str]:
     """The completion count conventions of the table ``entry`` that rendered a row, every one of
-    :data:`~kimi_eagle.chat.server_variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``), when
+    :data:`~kimi_eagle.serving.variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``), when
     its completion side is explained (at least 90 % of its billed completions equal, even where the prompt side is
     not); ``[]`` otherwise (billing then falls back to its votes)."""
     if entry is None or not completion_side_explained(entry):
@@ -375,10 +377,19 @@ def _declaring(fmt: Format, tool_declaration: str) -> Format:
     """``fmt`` with the tool declaration ``tool_declaration`` (formats without one are returned as they are)."""
     if not hasattr(fmt, "tools_ts"):
         return fmt
-    from kimi_eagle.chat.tool_decl import tools_to_typescript
+    from kimi_eagle.chat.tool_decl import typescript_or_none
 
-    wanted = tools_to_typescript if tool_declaration == "ts" else None
+    wanted = typescript_or_none if tool_declaration == "ts" else None
     return fmt if fmt.tools_ts is wanted else replace(fmt, tools_ts=wanted)
+
+
+def _prompt_flags(marker: bool, fmt: Format, tools: Any) -> list[str]:
+    """``prompt_literal_marker`` (marker text in the request kept as text) and ``tool_declaration_json_fallback``
+    (``fmt`` declares TypeScript tools, but Moonshot's conversion fails on ``tools``: JSON was declared)."""
+    from kimi_eagle.chat.tool_decl import typescript_or_none
+
+    fallback = bool(tools) and getattr(fmt, "tools_ts", None) is typescript_or_none and typescript_or_none(tools) is None
+    return ["prompt_literal_marker"] * bool(marker) + ["tool_declaration_json_fallback"] * fallback
 
 
 def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: CompletionOptions = ReconstructOptions(),
@@ -411,8 +422,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     flags = (reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
              + _table_flags(entry))
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None), variant)
-    if prompt_marker:
-        flags.append("prompt_literal_marker")
+    flags += _prompt_flags(prompt_marker, fmt, request.get("tools"))
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
     check_encodable((s.text for s in segments), response, "response", "the completion")
     completion_ids, spans, marker = enc.encode_segments_marked(segments, continuation=fmt.continuation)
@@ -553,3 +563,10 @@ def check_encodable(texts: Any, source: Any, root: str, what: str) -> None:
             where = surrogate_path(source, root)
             raise RecordError(f"{what} holds text that is not valid Unicode (a lone surrogate"
                               f"{' in ' + printable_id(where) if where else ''}); it cannot be encoded faithfully")
+
+
+def rebuild_under(record: Any, profile: ServingProfile, answer_text: str, fmt: Format, encoder: PieceEncoder) -> ReconstructedRow:
+    """``record`` reconstructed under ``profile`` with the ``answer_text`` convention: the count calibration compares
+    with the billed one (:data:`kimi_eagle.serving.calibration.Rebuild`)."""
+    options = replace(serving_options(profile), answer_text=answer_text)
+    return reconstruct_record(record, encoder.tok, fmt, options, encoder)

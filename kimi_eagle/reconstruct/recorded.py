@@ -26,13 +26,13 @@ from typing import Any, Iterable
 from kimi_eagle.assets import data_path
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
-from kimi_eagle.chat.serving import get_profile
 from kimi_eagle.io import read_jsonl
 from kimi_eagle.reconstruct.bedrock import BedrockError, converse_log
 from kimi_eagle.reconstruct.log_shapes import LogShapeError, api_record_from_log
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
 from kimi_eagle.reconstruct.stream_log import logged_stream_record
 from kimi_eagle.records import RecordError, count_field
+from kimi_eagle.serving.profiles import get_profile
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 RECORDED = "real_api/kimi_recorded_exchanges.jsonl"  # under the assets' data/

@@ -509,7 +509,7 @@ class App:
             from kimi_eagle.engine.kimi_format import kimi_chat_answer
 
             answer = kimi_chat_answer(gen.output_ids, engine.tok, gen.finish_reason,
-                                      getattr(engine, "serving", "template"))  # serve --serving (chat/serving.py)
+                                      getattr(engine, "serving", "template"))  # serve --serving (serving/profiles)
             reasoning_tokens = answer.reasoning_tokens
             if parse_flags is not None:
                 parse_flags.extend(answer.flags)

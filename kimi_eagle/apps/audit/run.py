@@ -154,7 +154,7 @@ class AuditOptions:
     ``providers``: the provider names to route to (distinct, not the reference's name); ``reference``: engine records
     of the same prompts (the model's own IDs), or None; ``repeats``: requests per prompt and provider (greedy, so any
     difference between repeats is the provider's); ``serving``: the serving profile answers are reconstructed with
-    (``template``, ``moonshot``, ``vllm``, ``sglang``: :mod:`kimi_eagle.chat.serving`)."""
+    (``template``, ``moonshot``, ``vllm``, ``sglang``: :mod:`kimi_eagle.serving.request`)."""
 
     base_url: str
     model: str
@@ -246,9 +246,9 @@ def _collect_providers(prompts: list, out: Path, options: AuditOptions, config: 
     """Ask every provider every prompt ``repeats`` times and reconstruct its answers with the options' serving
     profile; returns the per-provider collect counts and why the run stopped (None when it did not)."""
     from kimi_eagle.apps.api.collect import collect
-    from kimi_eagle.chat.serving import get_profile
     from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
     from kimi_eagle.reconstruct.record import serving_options
+    from kimi_eagle.serving.profiles import get_profile
 
     tokenizer_dir, tok = tokenizer
     profile = get_profile(options.serving)

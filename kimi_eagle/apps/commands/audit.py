@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 from kimi_eagle.apps.audit.run import AuditOptions, audit, matrix_text
-from kimi_eagle.apps.cli import NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_option
+from kimi_eagle.apps.cli import NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_option, serving_argument
 from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
-from kimi_eagle.chat.serving import SERVING_CHOICES
 from kimi_eagle.reuse import reused_line
 
 
@@ -29,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=POSITIVE_INT, default=4)
     p.add_argument("--max-attempts", type=POSITIVE_INT, default=8)
     p.add_argument("--timeout", type=POSITIVE_FLOAT, default=120.0)
-    p.add_argument("--serving", choices=SERVING_CHOICES, default="template",
-                   help="serving profile the answers are reconstructed with (kimi_eagle.chat.serving)")
+    p.add_argument("--serving", type=serving_argument(), metavar="PROFILE|PATH.toml", default="template",
+                   help="serving profile the answers are reconstructed with (kimi_eagle.serving.request)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_figure_options(p)
 

@@ -5,9 +5,10 @@ import argparse
 import json
 import sys
 
-from kimi_eagle.apps.cli import NONNEG_INT, add_option
-from kimi_eagle.chat.parse import PARSE_FORMATS, TOOL_ID_OUTPUTS, ParseOptions, parse_completion, parse_id_list
-from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile
+from kimi_eagle.apps.cli import NONNEG_INT, add_option, serving_argument
+from kimi_eagle.chat.parse import PARSE_FORMATS, TOOL_ID_OUTPUTS, ParseOptions, parse_id_list
+from kimi_eagle.serving.answer import parse_completion
+from kimi_eagle.serving.profiles import get_profile
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
 
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strip", action="store_true", help="strip whitespace as the servers' regexes do")
     p.add_argument("--tool-ids", choices=TOOL_ID_OUTPUTS, default="model",
                    help="model: the ids the model wrote (vLLM); sglang: functions.NAME:{history + N}")
-    add_option(p, "--serving", choices=SERVING_CHOICES, default="template",
+    add_option(p, "--serving", type=serving_argument(), metavar="PROFILE|PATH.toml", default="template",
                help="answer as this server version does: template (the kit's parse of the IDs), moonshot, vllm-0.33 "
                     "(alias vllm), sglang-0.5 (alias sglang), their -nospace/-stream variants, or the -legacy "
                     "transcriptions (docs/reconstruct.md, 'Serving profiles')")

@@ -3,7 +3,7 @@
 Reads API records (the kit's shape, e.g. from ``kimi-eagle convert``; each record's ``format``, else the chat
 format of its ``response.model``) or, with ``--recorded``, the recorded real exchanges of the assets
 (``assets/data/real_api``), searches the declared space of server-side transformations
-(kimi_eagle/chat/server_variants.py) per provider, model and period, and prints the table: the variant chosen,
+(kimi_eagle/serving/variants.py) per provider, model and period, and prints the table: the variant chosen,
 prompt and completion parity in sample and held out, and the residual of what nothing explains (listed first).
 ``-o/--write-table PATH`` writes the table as the TOML data file ``--serving auto`` reads
 (kimi_eagle/data/providers.toml is this command's output on ``--recorded``).
@@ -62,10 +62,10 @@ def _log_records(path: str) -> tuple[list[dict], list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from kimi_eagle.assets import kimi_dir
-    from kimi_eagle.reconstruct.calibration import calibrate
-    from kimi_eagle.reconstruct.provider_report import table_text
-    from kimi_eagle.reconstruct.provider_table import write_table
+    from kimi_eagle.reconstruct.record import rebuild_under
     from kimi_eagle.reconstruct.recorded import exchange_record, load_exchanges, recorded_path
+    from kimi_eagle.serving.calibration import VariantCounts, calibrate, table_text
+    from kimi_eagle.serving.provider_table import write_table
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
     if args.recorded == (args.log is not None):
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if len(left_out) > 20:
             print(f"left out: ... and {len(left_out) - 20} more line(s)", file=sys.stderr)
     tok = load_tokenizer(args.tokenizer or kimi_dir())
-    rows = calibrate(records, tok)
+    rows = calibrate(records, VariantCounts(tok, rebuild_under))
     print(table_text(rows, skipped))
     if args.write_table:
         print(f"provider table -> {write_table(rows, args.write_table, source)}")

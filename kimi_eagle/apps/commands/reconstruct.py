@@ -6,15 +6,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kimi_eagle.apps.cli import POSITIVE_INT, add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, add_option, serving_argument
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.completion import TOOL_ID_POLICIES
 from kimi_eagle.chat.formats import FORMATS, TOOL_DECLARATIONS
-from kimi_eagle.chat.serving import SERVING_CHOICES, get_profile
 from kimi_eagle.io import check_jsonl
 from kimi_eagle.reconstruct.job import JobOptions, NothingToProcess, reconstruct_file
 from kimi_eagle.reconstruct.record import serving_options
 from kimi_eagle.records import EXIT_NOTHING_PROCESSED, exit_status
+from kimi_eagle.serving.profiles import get_profile
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (Kimi or HF; default: the Kimi tokenizer in the assets)")
     p.add_argument("--format", default="kimi-k2.5", choices=FORMATS, help="chat format (default kimi-k2.5)")
-    add_option(p, "--serving", choices=(*SERVING_CHOICES, "auto"), default=None,
+    add_option(p, "--serving", type=serving_argument("auto"), metavar="PROFILE|PATH.toml|auto", default=None,
                help="what the provider's server did around the template (docs/reconstruct.md, 'Serving profiles'): "
                     "template (the jinja alone), moonshot (Moonshot's tokenizer: sorted TS tools), vllm, sglang "
                     "(their preprocessing and parsers), auto (per provider and dataset, the profile whose prompt "
@@ -55,7 +55,7 @@ PARQUET_SUFFIXES = ("", ".parquet", ".pq")
 
 def _table(args: argparse.Namespace) -> str | None:
     """The provider table ``--serving auto`` uses (its path, checked on load), or None for ``--provider-table none``."""
-    from kimi_eagle.reconstruct.provider_table import TABLE_PATH, load_table
+    from kimi_eagle.serving.provider_table import TABLE_PATH, load_table
 
     if args.provider_table == "none":
         return None
@@ -64,14 +64,12 @@ def _table(args: argparse.Namespace) -> str | None:
     return path
 
 
-def auto_serving(args: argparse.Namespace, overrides: dict) -> tuple[Any, str]:
+def auto_serving(args: argparse.Namespace, overrides: dict, tok: Any) -> tuple[Any, str]:
     """``--serving auto``: the provider table's entries first (per record), then each (provider, dataset)'s profile
-    (kimi_eagle.reconstruct.auto_serving.auto_serving_options); the evidence goes to OUTPUT.serving.json, one line
-    per entry and group to the screen; the options carry both."""
-    from kimi_eagle.reconstruct.auto_serving import auto_serving_options
-    from kimi_eagle.tokenize.tokenizer import load_tokenizer
+    (kimi_eagle.reconstruct.prepass.auto_serving_options); the evidence goes to OUTPUT.serving.json, one line
+    per entry and group to the screen; the options carry both. ``tok``: the run's one loaded tokenizer."""
+    from kimi_eagle.reconstruct.prepass import auto_serving_options
 
-    tok = load_tokenizer(args.tokenizer or kimi_dir())
     options, tool_declaration, lines = auto_serving_options(
         args.input, args.output, tok, args.format, _table(args), overrides, args.keep_tool_ids,
         always_write=args.serving == "auto")
@@ -100,12 +98,15 @@ def run(args: argparse.Namespace) -> int:
                      omit_think_end_before_tools=True if args.omit_think_end_before_tools else None)
     profile = get_profile("template" if args.serving in (None, "auto") else args.serving, **overrides)
     options, tool_declaration = serving_options(profile, keep_tool_ids=args.keep_tool_ids), profile.tool_declaration
+    from kimi_eagle.tokenize.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer or kimi_dir())  # once: the auto pre-pass, the job and its forked workers
     if args.serving in (None, "auto") and Path(args.input).is_file():  # no --serving: auto
-        options, tool_declaration = auto_serving(args, overrides)
+        options, tool_declaration = auto_serving(args, overrides, tok)
     try:
         job = JobOptions(workers=args.workers, resume=args.resume, completion=options, shard_size=args.shard_size,
                          progress=not args.no_progress, tool_declaration=tool_declaration)
-        counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, job)
+        counts = reconstruct_file(args.input, args.output, args.tokenizer or kimi_dir(), args.format, job, tok)
     except NothingToProcess as e:
         print(f"kimi-eagle reconstruct: nothing to process: {e}", file=sys.stderr)
         return EXIT_NOTHING_PROCESSED

@@ -8,8 +8,7 @@ import sys
 
 from kimi_eagle.apps.api.faults import FaultConfig
 from kimi_eagle.apps.api.server import DEFAULT_PROVIDER, App
-from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, PORT, POSITIVE_INT, PROBABILITY, add_option
-from kimi_eagle.chat.serving import SERVING_CHOICES
+from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, PORT, POSITIVE_INT, PROBABILITY, add_option, serving_argument
 from kimi_eagle.engine.local import (
     CHAT_FORMAT_ALIASES,
     CHAT_FORMATS,
@@ -27,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(m, "--format", aliases=("--chat-format",), dest="chat_format",
                choices=(*CHAT_FORMATS, *CHAT_FORMAT_ALIASES),
                help="chat format; default: hf-template (the tokenizer's own chat template) if it has one, else plain")
-    add_option(m, "--serving", choices=SERVING_CHOICES, default="template",
+    add_option(m, "--serving", type=serving_argument(), metavar="PROFILE|PATH.toml", default="template",
                help="kimi-k2.5: render and answer as this server does (docs/reconstruct.md, 'Serving profiles'): "
                     "template (the jinja alone, the default), moonshot, vllm, sglang")
     m.add_argument("--stop-ids", help="comma-separated token IDs that end a generation (default: the config's eos)")

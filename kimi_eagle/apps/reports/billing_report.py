@@ -60,7 +60,7 @@ from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventio
 from kimi_eagle.diff.billing_accuracy import billing_accuracy
 from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
 from kimi_eagle.io import atomic_path, write_json, write_text
-from kimi_eagle.reconstruct.auto_serving import (
+from kimi_eagle.serving.evidence import (
     provider_rows,
     serving_by_provider,
     serving_evidence,

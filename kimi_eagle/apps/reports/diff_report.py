@@ -61,7 +61,7 @@ from kimi_eagle.diff.summary import (
     summarize_diff,
 )
 from kimi_eagle.io import write_text
-from kimi_eagle.reconstruct.auto_serving import serving_by_provider, serving_evidence, serving_line
+from kimi_eagle.serving.evidence import serving_by_provider, serving_evidence, serving_line
 
 if TYPE_CHECKING:
     from kimi_eagle.tokenize.tokenizer import Tokenizer

@@ -343,7 +343,7 @@ PROVIDER_COLUMNS = ("provider", "scope", "chosen", "prompt", "completion", "resi
 
 
 def provider_table_html(rows: list[dict] | None) -> list[str]:
-    """The per-provider table of a ``--serving auto`` reconstruction (kimi_eagle.reconstruct.auto_serving
+    """The per-provider table of a ``--serving auto`` reconstruction (kimi_eagle.reconstruct.prepass
     ``provider_rows``): what was chosen for each provider and how, prompt and completion parity (billed counts equal
     to the reconstruction, calibrated or as evidence), the residual of what nothing explains; unexplained rows first
     and marked."""

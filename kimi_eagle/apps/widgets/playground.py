@@ -14,10 +14,11 @@ from kimi_eagle.apps.widgets.chips import CHIP_CSS
 from kimi_eagle.apps.widgets.inspector import _chips, aligned_html, parse_ids
 from kimi_eagle.apps.widgets.snapshot import SnapshotBox
 from kimi_eagle.chat.completion import tool_id_style
-from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions, parse_completion
-from kimi_eagle.chat.serving import PROFILES, canonical_name
+from kimi_eagle.chat.parse import PARSE_FORMATS, ParsedCompletion, ParseOptions
 from kimi_eagle.diff.align import AlignError
 from kimi_eagle.diff.classify import TOKEN_DELTA_SIGN, RecordVerdict, classify
+from kimi_eagle.serving.answer import parse_completion
+from kimi_eagle.serving.profiles import PROFILES, canonical_name
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 # --------------------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def read_completion(tok: Tokenizer, text: str, mode: str = "auto") -> tuple[list
 
 def parse_by_profile(tok: Tokenizer, ids: list[int], format_name: str = "kimi-k2.5",
                      strip: bool = False) -> dict[str, ParsedCompletion]:
-    """What every serving profile (:data:`~kimi_eagle.chat.serving.PROFILES`) returns for ``ids``."""
+    """What every serving profile (:data:`~kimi_eagle.serving.request.PROFILES`) returns for ``ids``."""
     return {name: parse_completion(ids, tok, ParseOptions(format_name=format_name, strip=strip, serving=name))
             for name in PROFILES}
 
@@ -222,8 +223,8 @@ def conventions_html(parsed: ParsedCompletion, format_name: str) -> str:
 
 class CompletionPlayground:
     """Paste a completion's engine IDs or its raw text (markers spelled out), see the API message a Kimi
-    server returns for it (:func:`kimi_eagle.chat.parse.parse_completion`) and the conventions it follows:
-    how it ends, the flags, and what each serving profile (:data:`~kimi_eagle.chat.serving.PROFILES`) returns
+    server returns for it (:func:`kimi_eagle.serving.answer.parse_completion`) and the conventions it follows:
+    how it ends, the flags, and what each serving profile (:data:`~kimi_eagle.serving.request.PROFILES`) returns
     (``serving``: the one shown first, a name or an alias; the menu lists profile names)."""
 
     def __init__(self, tok: Tokenizer, ids: str = "", format_name: str = "kimi-k2.5", text: str = "",

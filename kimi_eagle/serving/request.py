@@ -1,68 +1,20 @@
-"""Serving profiles: what a serving stack does around the chat template, on both sides of the model.
+"""The request side of a serving stack: what a server does to a chat request before and after the template.
 
-OpenRouter's Kimi providers run vLLM or SGLang, which preprocess a request before the jinja template
-and parse the raw completion after it with their own Kimi parsers. A :class:`ServingProfile` names
-each of those conventions, so that reconstruction renders what the provider's server fed the model and
-:func:`~kimi_eagle.chat.parse.parse_completion` answers what that server would answer.
-
-The profiles are data files, one per server version, under ``kimi_eagle/chat/profiles/`` (format and checks:
-:mod:`kimi_eagle.chat.profile_files`; the sources each was read from: docs/reconstruct.md), loaded once at
-import into :data:`PROFILES` (name -> profile) and :data:`ALIASES` (alias -> name: ``vllm`` and ``sglang``
-stand for the newest transcribed version of each server). Today: ``template`` (the jinja alone),
-``moonshot`` (Moonshot's ``apply_chat_template``: TypeScript tools, deep-sorted, ``None`` keys dropped),
-``vllm-legacy`` and ``sglang-legacy`` (``moonshot``'s prompt path plus each server's preprocessing and its
-Kimi-K2 parsers). :data:`CANDIDATES` are the profiles ``--serving auto`` tries (``candidate`` in the files),
-:data:`SERVING_CHOICES` the names and aliases ``--serving`` accepts.
-
->>> get_profile("vllm").name  # an alias resolves to its profile
-'vllm-0.33'
->>> get_profile("vllm", spaces_between_special_tokens=False).spaces_between_special_tokens  # one field overridden
-False
-
-:func:`preprocess_request` applies a profile's prompt side to request messages and tools, and
-:func:`served_prompt_pieces` to the rendered prompt pieces (``marker_text``).
+vLLM and SGLang preprocess a request's messages and tools before Moonshot's ``apply_chat_template`` (arguments
+re-serialised, tool text parts joined, ``None`` keys dropped, tools deep-sorted) and tokenize the rendered prompt
+whole. :func:`preprocess_request` applies a :class:`~kimi_eagle.serving.profile.ServingProfile`'s prompt side to
+request messages and tools, and :func:`served_prompt_pieces` to the rendered prompt pieces (``marker_text``).
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import fields, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, Piece
-from kimi_eagle.chat.profile_files import load_profiles as load_profiles
-from kimi_eagle.chat.profile_files import read_profiles
-from kimi_eagle.chat.serving_profile import CHOICES as CHOICES
-from kimi_eagle.chat.serving_profile import ServingProfile
 from kimi_eagle.records import RecordError
-
-_LOADED = read_profiles()
-PROFILES: dict[str, ServingProfile] = _LOADED.profiles
-ALIASES: dict[str, str] = _LOADED.aliases
-CANDIDATES: tuple[str, ...] = _LOADED.candidates
-SERVING_CHOICES: tuple[str, ...] = (*PROFILES, *ALIASES)
-
-
-def canonical_name(name: str) -> str:
-    """The profile name ``name`` stands for (an alias resolved); ValueError for an unknown name."""
-    resolved = ALIASES.get(name, name)
-    if resolved not in PROFILES:
-        aliases = ", ".join(f"{a} -> {n}" for a, n in ALIASES.items())
-        raise ValueError(f"unknown serving profile {name!r}; known: {', '.join(PROFILES)} (aliases: {aliases})")
-    return resolved
-
-
-def get_profile(name: str | ServingProfile, **overrides: Any) -> ServingProfile:
-    """The profile called ``name`` (a name or an alias) with ``overrides`` (fields set to ``None`` are left as the
-    profile has them)."""
-    base = name if isinstance(name, ServingProfile) else PROFILES[canonical_name(name)]
-    unknown = set(overrides) - {f.name for f in fields(ServingProfile)}
-    if unknown:
-        raise ValueError(f"unknown serving profile field(s): {', '.join(sorted(unknown))}")
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    return replace(base, **changes) if changes else base
-
+from kimi_eagle.serving.profile import ServingProfile
 
 # --------------------------------------------------------------------------------------------
 # Prompt side
@@ -157,6 +109,7 @@ def served_prompt_pieces(pieces: Iterable[Piece], profile: ServingProfile,
     that special token; consecutive plain pieces are scanned as the one string they render to.
 
     >>> from kimi_eagle.chat.completion import TEXT
+    >>> from kimi_eagle.serving.profiles import get_profile
     >>> served_prompt_pieces([("a</th", TEXT), ("ink>b", TEXT)], get_profile("template", marker_text="special"),
     ...                      {"</think>": 1})
     [('a', 2), ('</think>', 1), ('b', 2)]

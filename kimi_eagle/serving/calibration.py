@@ -1,7 +1,7 @@
 """Per-provider calibration from billed counts: which server-side variant explains a provider's ``usage``.
 
 :class:`VariantCounts` gives a record's reconstructed prompt and completion counts under any
-:class:`~kimi_eagle.chat.server_variants.Variant`, fast: the prompt splits at the special tokens around the tool
+:class:`~kimi_eagle.serving.variants.Variant`, fast: the prompt splits at the special tokens around the tool
 declaration (BPE never merges across a special token), so it is *the prompt without tools* (per profile and
 system convention) plus *the tool declaration turn* (per tool schema and declaration text, cached by the tools'
 JSON), plus an offset; the completion is reconstructed once per profile. :func:`fit_group` searches the space
@@ -19,12 +19,17 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, fields, replace
 from itertools import product
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.server_variants import (
+from kimi_eagle.records import RecordError, count_field
+from kimi_eagle.serving.periods import deployment_of, in_period, period_of, scope  # noqa: F401 (re-exported)
+from kimi_eagle.serving.profiles import get_profile
+from kimi_eagle.serving.provider_table import EXPLAINED
+from kimi_eagle.serving.request import deep_sort, served_prompt_pieces
+from kimi_eagle.serving.variants import (
     COMPLETION_DIMENSIONS,
     REASONING_KINDS,
     REST_DIMENSIONS,
@@ -38,11 +43,6 @@ from kimi_eagle.chat.server_variants import (
     tool_block,
     variant_prompt_pieces,
 )
-from kimi_eagle.chat.serving import deep_sort, get_profile, served_prompt_pieces
-from kimi_eagle.reconstruct.periods import deployment_of, in_period, period_of  # noqa: F401 (re-exported)
-from kimi_eagle.reconstruct.provider_table import EXPLAINED
-from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
-from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
@@ -56,11 +56,18 @@ def has_tools(record: dict) -> bool:
     return bool((record.get("request") or {}).get("tools"))
 
 
-class VariantCounts:
-    """Reconstructed counts of records under variants, cached per record and part (see the module)."""
+# The reconstruction whose completion count calibration compares with the billed one: ``(record, profile,
+# answer_text, format, encoder) -> row`` (``n_completion_tokens``, ``segments``). Reconstruction sits above
+# serving, so it is handed in: :func:`kimi_eagle.reconstruct.record.rebuild_under`.
+Rebuild = Callable[[dict, Any, str, Any, PieceEncoder], Any]
 
-    def __init__(self, tok: Tokenizer) -> None:
-        self.tok, self.enc = tok, PieceEncoder(tok)
+
+class VariantCounts:
+    """Reconstructed counts of records under variants, cached per record and part (see the module); ``rebuild``
+    reconstructs a record's completion under a profile (:data:`Rebuild`)."""
+
+    def __init__(self, tok: Tokenizer, rebuild: Rebuild) -> None:
+        self.tok, self.enc, self.rebuild = tok, PieceEncoder(tok), rebuild
         self._rest: dict[tuple, int | None] = {}
         self._tools: dict[tuple, int] = {}
         self._completion: dict[tuple, tuple[int, int] | None] = {}
@@ -128,12 +135,11 @@ class VariantCounts:
         key = (record["id"], profile_name, answer_text)
         if key not in self._completion:
             profile = get_profile(profile_name)
-            options = replace(serving_options(profile), answer_text=answer_text)
             try:
                 if answer_text != "as-served" and profile.answer_rules != "legacy":
                     raise RecordError("an answer_text convention is for legacy answer sides only")
-                row = reconstruct_record(record, self.tok, self._format(record["format"], profile.tool_declaration),
-                                         options, self.enc)
+                row = self.rebuild(record, profile, answer_text, self._format(record["format"], profile.tool_declaration),
+                                   self.enc)
                 reasoning = sum(s["tok_end"] - s["tok_start"] for s in row.segments if s["kind"] in REASONING_KINDS)
                 self._completion[key] = (row.n_completion_tokens, reasoning, _has_calls(record), self._respaced(record),
                                          self._estimate(record))
@@ -367,7 +373,7 @@ def _periods(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list
 
 def _deployments(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list[dict]]]:
     """The period's records as one deployment (``any``), or split by the family of their ``system_fingerprint``
-    (:func:`~kimi_eagle.reconstruct.periods.deployment_of`) where each family is fitted apart and the split makes
+    (:func:`~kimi_eagle.serving.periods.deployment_of`) where each family is fitted apart and the split makes
     at least two more counts equal than one variant for all (Novita behind OpenRouter: two servers in one month)."""
     families: dict[str, list[dict]] = {}
     for r in records:
@@ -401,10 +407,9 @@ def calibrate_period(counts: VariantCounts, provider: str, model: str, period: s
             "tools": {flag: _figures(counts, [r for r in records if has_tools(r) == flag], v) for flag in (False, True)}}
 
 
-def calibrate(records: Iterable[dict], tok: Tokenizer, counts: VariantCounts | None = None) -> list[dict]:
+def calibrate(records: Iterable[dict], counts: VariantCounts) -> list[dict]:
     """:func:`calibrate_period` of every (provider, model, period) of ``records`` (the kit's API records, with
     ``response.provider``; records with an ``error`` are left out), sorted by provider, model and period."""
-    counts = counts or VariantCounts(tok)
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         if not isinstance(r, dict) or r.get("error") or not isinstance(r.get("request"), dict):
@@ -436,3 +441,52 @@ def totals(rows: Iterable[dict]) -> dict[str, tuple[int, int]]:
             acc[0] += side.equal
             acc[1] += side.compared
     return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# The provider table as text: unexplained providers first, then the explained ones, then the corpus totals
+
+HEADER = ("provider", "model", "period", "n", "variant", "prompt", "completion", "held-out prompt",
+          "held-out completion", "residual")
+
+
+def _pair(side: Side) -> str:
+    return f"{side.equal}/{side.compared}"
+
+
+def _pct(pair: tuple[int, int]) -> str:
+    equal, compared = pair
+    return f"{equal}/{compared} ({100 * equal / compared:.1f}%)" if compared else "0/0"
+
+
+def table_rows(rows: Iterable[dict]) -> list[tuple[str, ...]]:
+    """One tuple of cells per calibrated row, unexplained rows first (each naming its residual)."""
+    ordered = sorted(rows, key=lambda r: (r["status"] != "unexplained", r["provider"], r["model"], r["period"]))
+    out = []
+    for r in ordered:
+        inside, outside = r["in_sample"], r["held_out"]
+        residual = "; ".join(f"{kind} {inside[kind].residual()}" for kind in r["unexplained"])
+        variant = r["variant"].describe() if r["status"] == "explained" else f"UNEXPLAINED (best: {r['variant'].describe()})"
+        out.append((r["provider"], r["model"], scope(r["period"], r.get("deployment", "any")), str(r["records"]), variant, _pair(inside["prompt"]),
+                    _pair(inside["completion"]), _pair(outside["prompt"]), _pair(outside["completion"]),
+                    residual or "-"))
+    return out
+
+
+def table_text(rows: list[dict], skipped: int = 0) -> str:
+    """A markdown table of :func:`table_rows` and the totals against the issue's targets."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    t = totals(rows)
+    lines += ["", f"prompts equal to billed: without tools {_pct(t['prompt_no_tools'])} (target 98%), "
+                  f"with tools {_pct(t['prompt_tools'])} (target 90%)",
+              f"completions equal to billed {_pct(t['completion'])} (target: unexplained <= 2%)",
+              f"held out (learned on the other half of each group): prompts {_pct(t['held_out_prompt'])}, "
+              f"completions {_pct(t['held_out_completion'])}"]
+    unexplained = [f"{r['provider']} ({r['model']}, {scope(r['period'], r.get('deployment', 'any'))})" for r in rows
+                   if r["status"] == "unexplained"]
+    if unexplained:
+        lines.append(f"unexplained by any variant: {'; '.join(unexplained)}")
+    if skipped:
+        lines.append(f"{skipped} record(s) left out (not an API record, no request, or no known chat format)")
+    return "\n".join(lines)

@@ -1,7 +1,7 @@
 """The API message today's servers return for a raw Kimi completion (engine IDs), as their code does it.
 
-:func:`served_answer` decodes the IDs as the server's detokenizer does (:mod:`~kimi_eagle.chat.detok`),
-runs the Kimi-K2 state machine (:mod:`~kimi_eagle.chat.served_parse`; text mode for non-streamed answers, ID
+:func:`served_answer` decodes the IDs as the server's detokenizer does (:mod:`~kimi_eagle.serving.detokenizer`),
+runs the Kimi-K2 state machine (:mod:`~kimi_eagle.serving.parser_engine`; text mode for non-streamed answers, ID
 mode for streamed ones) and assembles the message by the rules of the profile's ``answer_rules``:
 
 ``vllm-0.33`` (vLLM 0.33's parser engine, read off its answers to the seeded corpus in ``tests/data/servers``):
@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from kimi_eagle.chat.detok import DetokOptions, served_pieces
-from kimi_eagle.chat.served_parse import MARKER_TEXTS, RawCall, lex_ids, lex_text, run_machine
+from kimi_eagle.serving.detokenizer import DetokOptions, served_pieces
+from kimi_eagle.serving.parser_engine import MARKER_TEXTS, RawCall, lex_ids, lex_text, run_machine
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 _HEADER_ID = re.compile(r"(?P<id>.+:\d+)", re.S)
@@ -273,8 +273,8 @@ def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any,
 
     ``options``: the :class:`~kimi_eagle.chat.parse.ParseOptions`; ``written``: the IDs parsed as written
     (``serving="template"``); ``start``: where the format's completion begins (``reasoning``, ``think_begin``,
-    ``content``). Called by :func:`~kimi_eagle.chat.parse.parse_completion` for ``answer_rules = "vllm-0.33"``
-    (SGLang's: :func:`kimi_eagle.chat.served_sglang.parse_sglang`).
+    ``content``). Called by :func:`~kimi_eagle.serving.answer.parse_completion` for ``answer_rules = "vllm-0.33"``
+    (SGLang's: :func:`kimi_eagle.serving.sglang_answer.parse_sglang`).
     """
     finish = options.finish_reason or ("stop" if ids and ids[-1] in ServedOptions.stop_ids else "length")
     opts = ServedOptions(spaces=profile.spaces_between_special_tokens, streaming=profile.streaming,

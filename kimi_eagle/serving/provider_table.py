@@ -9,8 +9,8 @@ Each ``[[provider]]`` entry::
     period = "all"                            # or "2025-09", "2025-10..2026-03": months of the answers' `created`
     deployment = "any"                        # optional: "none" or a family such as "fpv0" (response.system_fingerprint)
     status = "explained"                      # or "unexplained": then `calibrated_profile` gives nothing
-    profile = "template"                      # a serving profile (kimi_eagle.chat.serving)
-    conventions = { template = "k2-0905", schema = "vllm", prompt_offset = 1 }  # kimi_eagle.chat.server_variants
+    profile = "template"                      # a serving profile (kimi_eagle.serving.request)
+    conventions = { template = "k2-0905", schema = "vllm", prompt_offset = 1 }  # kimi_eagle.serving.variants
     records = 23
     prompt = [23, 23]                         # in sample: equal, compared
     completion = [23, 23]
@@ -33,9 +33,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from kimi_eagle.chat.server_variants import Variant, variant_from
-from kimi_eagle.chat.serving import PROFILES
-from kimi_eagle.reconstruct.periods import FAMILY, deployment_of, in_period, period_of
+from kimi_eagle.serving.periods import FAMILY, deployment_of, in_period, period_of
+from kimi_eagle.serving.profiles import PROFILES
+from kimi_eagle.serving.variants import Variant, variant_from
 
 EXPLAINED = 0.9  # a side is explained when at least this share of its compared records is equal
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "providers.toml"
@@ -231,7 +231,7 @@ def _toml(value: Any) -> str:
 
 
 def table_items(rows: Iterable[dict]) -> list[dict[str, Any]]:
-    """The table entries of :func:`~kimi_eagle.reconstruct.calibration.calibrate` rows."""
+    """The table entries of :func:`~kimi_eagle.serving.calibration.calibrate` rows."""
     items = []
     for row in rows:
         inside, outside, v = row["in_sample"], row["held_out"], row["variant"]
@@ -251,8 +251,8 @@ def table_items(rows: Iterable[dict]) -> list[dict[str, Any]]:
 def write_table(rows: Iterable[dict], path: str | os.PathLike, source: str) -> Path:
     """Write the table of ``rows`` to ``path`` (``source``: what it was calibrated on, for the header)."""
     lines = ["# Provider table: the server-side variant that explains each provider's billed counts.",
-             f"# Calibrated on {source} by `kimi-eagle providers` (kimi_eagle/reconstruct/calibration.py);",
-             "# format: kimi_eagle/reconstruct/provider_table.py, docs/providers.md. Editable: a wrong entry is",
+             f"# Calibrated on {source} by `kimi-eagle providers` (kimi_eagle/serving/calibration.py);",
+             "# format: kimi_eagle/serving/provider_table.py, docs/providers.md. Editable: a wrong entry is",
              "# refused on load with a one-line error.", ""]
     for item in table_items(rows):
         lines.append("[[provider]]")

@@ -1,4 +1,12 @@
-"""Serving profiles as data files: every ``*.toml`` under ``kimi_eagle/chat/profiles/``, one per server version.
+"""Serving profiles as data files: every ``*.toml`` in this folder (``kimi_eagle/serving/profiles/``), one per server
+version, read and checked once at import into :data:`PROFILES` (name -> profile), :data:`ALIASES` (alias -> name:
+``vllm`` and ``sglang`` stand for the newest recorded version of each server) and :data:`CANDIDATES` (the profiles
+``--serving auto`` tries, ``candidate`` in the files); :func:`get_profile` resolves a name or alias.
+
+**Adding a server version** is one place: a new ``<server>-<major>.<minor>.toml`` here (``base`` the previous
+version, only the fields whose behaviour changed, the alias moved to it), and its recorded vectors
+``tests/data/servers/<server>-<major>.<minor>.*.jsonl.gz`` (``make server-vectors``). The tests that enumerate
+versions read this folder; no Python changes unless the server's behaviour is new (a new field value).
 
 A file (read with :mod:`tomllib`)::
 
@@ -21,7 +29,7 @@ A file (read with :mod:`tomllib`)::
 A profile's ``server`` and ``version`` fields are its file's header values (not set in an entry). A field
 absent from an entry keeps the base's value (or the default: ``tool_part_join`` absent is ``None``); ``name``,
 ``base`` and ``candidate`` are not inherited. Any mistake (TOML syntax, an unknown key, a value of the wrong
-type or outside :data:`~kimi_eagle.chat.serving_profile.CHOICES`, a duplicate name or alias, an unknown base, a
+type or outside :data:`~kimi_eagle.serving.profile.CHOICES`, a duplicate name or alias, an unknown base, a
 base cycle, an alias to no profile or shadowing one, two candidates of one rank) raises ValueError with one
 line ``serving profile file X.toml: ...``.
 
@@ -31,15 +39,16 @@ line ``serving profile file X.toml: ...``.
 """
 from __future__ import annotations
 
+import os
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kimi_eagle.chat.serving_profile import CHOICES, ServingProfile, field_type
+from kimi_eagle.serving.profile import CHOICES, ServingProfile, field_type
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILE_DIR = Path(__file__).resolve().parent
 FILE_KEYS = ("header", "aliases", "profiles")
 HEADER_KEYS = {"server": True, "version": True, "source": True, "notes": False}  # key -> required
 ENTRY_KEYS = ("name", "base", "candidate")
@@ -82,12 +91,27 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+MAX_FILE_BYTES = 1 << 20  # a profile file is a few KB; anything past 1 MiB is not one
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    """A profile file's TOML: a regular file (a link followed; a folder, device, dangling link or loop refused) of at
+    most :data:`MAX_FILE_BYTES`, read no further than that."""
     try:
+        if not path.resolve(strict=True).is_file():
+            raise _error(path.name, "not a regular file")
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except (OSError, RuntimeError) as e:  # RuntimeError: a link loop on older Pythons
+        raise _error(path.name, f"cannot be read: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise _error(path.name, f"larger than {MAX_FILE_BYTES:,} bytes: not a profile file")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise _error(path.name, f"not TOML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise _error(path.name, "not TOML: nested too deeply") from None
     unknown = [k for k in data if k not in FILE_KEYS]
     if unknown:
         raise _error(path.name, f"unknown key {unknown[0]!r}; known: {', '.join(FILE_KEYS)}")
@@ -188,21 +212,22 @@ def _add_alias(aliases: dict[str, tuple[str, str]], file: str, alias: str, targe
     aliases[alias] = (target, file)
 
 
-def _resolved(name: str, entries: dict[str, _Entry], done: dict[str, dict[str, Any]],
-              chain: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fields of profile ``name``: its base's (resolved first), then its own."""
-    if name in done:
-        return done[name]
-    entry = entries[name]
-    if name in chain:
-        raise _error(entry.file, f"profile {name}: base cycle {' -> '.join((*chain, name))}")
-    inherited: dict[str, Any] = {}
-    if entry.base is not None:
-        if entry.base not in entries:
-            raise _error(entry.file, f"profile {name}: unknown base {entry.base!r} (a base names a profile, "
+def _resolved(name: str, entries: dict[str, _Entry], done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fields of profile ``name``: its bases' (the chain walked to its root, no recursion), then its own."""
+    chain: list[str] = []
+    at: str | None = name
+    while at is not None and at not in done:
+        entry = entries[at]
+        if at in chain:
+            raise _error(entry.file, f"profile {at}: base cycle {' -> '.join(chain[chain.index(at):][:6])} -> {at}")
+        chain.append(at)
+        if entry.base is not None and entry.base not in entries:
+            raise _error(entry.file, f"profile {at}: unknown base {entry.base!r} (a base names a profile, "
                                      "not an alias)")
-        inherited = _resolved(entry.base, entries, done, (*chain, name))
-    done[name] = {**inherited, **entry.values}
+        at = entry.base
+    inherited = done[at] if at is not None else {}
+    for link in reversed(chain):
+        inherited = done[link] = {**inherited, **entries[link].values}
     return done[name]
 
 
@@ -241,13 +266,15 @@ def _candidates(entries: dict[str, _Entry]) -> tuple[str, ...]:
     return tuple(ranked[k] for k in sorted(ranked))
 
 
-def read_profiles(folder: str | Path | None = None) -> ProfileSet:
+def read_profiles(folder: str | Path | None = None, extra: tuple[Path, ...] = ()) -> ProfileSet:
     """Every profile, alias and candidate of the ``*.toml`` files of ``folder`` (default: the package's
-    ``profiles/``), read in sorted order and checked (ValueError: one line naming the file)."""
+    ``profiles/``), read in sorted order, then of the ``extra`` files, checked together (ValueError: one line
+    naming the file)."""
     folder = PROFILE_DIR if folder is None else Path(folder)
     paths = sorted(folder.glob("*.toml"))
     if not paths:
         raise ValueError(f"serving profile folder {folder}: no *.toml files")
+    paths += list(extra)
     entries: dict[str, _Entry] = {}
     aliases: dict[str, tuple[str, str]] = {}
     for path in paths:
@@ -268,3 +295,62 @@ def load_profiles(folder: str | Path | None = None) -> tuple[dict[str, ServingPr
     """``(profiles, aliases)`` of ``folder`` (:func:`read_profiles`): name -> profile, alias -> name."""
     loaded = read_profiles(folder)
     return loaded.profiles, loaded.aliases
+
+
+# --------------------------------------------------------------------------------------------
+# The shipped profiles, loaded once
+
+_LOADED = read_profiles()
+PROFILES: dict[str, ServingProfile] = _LOADED.profiles
+ALIASES: dict[str, str] = _LOADED.aliases
+CANDIDATES: tuple[str, ...] = _LOADED.candidates
+SERVING_CHOICES: tuple[str, ...] = (*PROFILES, *ALIASES)
+_USER_FILES: dict[str, str] = {}  # a loaded profile file (resolved path) -> its first profile's name
+
+
+def canonical_name(name: str) -> str:
+    """The profile name ``name`` stands for (an alias resolved); ValueError for an unknown name."""
+    resolved = ALIASES.get(name, name)
+    if resolved not in PROFILES:
+        aliases = ", ".join(f"{a} -> {n}" for a, n in ALIASES.items())
+        raise ValueError(f"unknown serving profile {name!r}; known: {', '.join(PROFILES)} (aliases: {aliases})")
+    return resolved
+
+
+def is_profile_file(name: Any) -> bool:
+    """Whether ``--serving`` names a profile file (``PATH.toml``) rather than a shipped profile or alias."""
+    return isinstance(name, (str, Path)) and str(name).endswith(".toml")
+
+
+def load_profile_file(path: str | Path) -> ServingProfile:
+    """A user's profile file (``--serving PATH.toml``), checked as the shipped ones are and together with them (its
+    ``base`` may name a shipped profile; its names may not repeat one), its profiles added to :data:`PROFILES` for
+    this process (forked workers inherit them); returns its first profile."""
+    path = Path(path)
+    key = os.path.realpath(path)  # never raises (a link loop is refused by the read below)
+    if key in _USER_FILES:
+        return PROFILES[_USER_FILES[key]]
+    if path.name in {p.name for p in PROFILE_DIR.glob("*.toml")}:
+        raise _error(path.name, "has the name of a shipped profile file; rename it")
+    loaded = read_profiles(extra=(path,))
+    own = [n for n in loaded.profiles if n not in PROFILES]
+    if not own:
+        raise _error(path.name, "defines no profile of its own")
+    for n in own:
+        PROFILES[n] = loaded.profiles[n]
+    first = [e.get("name") for e in _read_toml(path).get("profiles", []) if isinstance(e, dict)]
+    _USER_FILES[key] = next((n for n in first if n in own), own[0])
+    return PROFILES[_USER_FILES[key]]
+
+
+def get_profile(name: str | ServingProfile, **overrides: Any) -> ServingProfile:
+    """The profile called ``name`` (a name, an alias, or a profile file ``PATH.toml``) with ``overrides`` (fields set
+    to ``None`` are left as the profile has them)."""
+    if is_profile_file(name):
+        name = load_profile_file(name)
+    base = name if isinstance(name, ServingProfile) else PROFILES[canonical_name(name)]
+    unknown = set(overrides) - {f.name for f in fields(ServingProfile)}
+    if unknown:
+        raise ValueError(f"unknown serving profile field(s): {', '.join(sorted(unknown))}")
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    return replace(base, **changes) if changes else base

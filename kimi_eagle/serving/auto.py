@@ -11,7 +11,7 @@ conventions: the first tied SGLang profile (``id_rule = "sglang"``) when every r
 ``functions.NAME:{history calls + position}`` and at least one is, else the first tied profile in :data:`CANDIDATES`
 order.
 
-:data:`CANDIDATES` (:data:`kimi_eagle.chat.serving.CANDIDATES`) are canonical profile names, from the profile
+:data:`CANDIDATES` (:data:`kimi_eagle.serving.request.CANDIDATES`) are canonical profile names, from the profile
 files' ``candidate`` ranks (today ``template``, ``moonshot``, ``vllm-legacy``, ``sglang-legacy``): the choices, the
 evidence keys and the ``serving`` column name them, never an alias.
 
@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import os
 from typing import Any, Callable, Iterable
 
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
-from kimi_eagle.chat.serving import (
-    CANDIDATES,
-    PROFILES,
-    ServingProfile,
-    history_call_count,
-    preprocess_request,
-    served_prompt_pieces,
-)
 from kimi_eagle.records import RecordError, count_field
+from kimi_eagle.serving.periods import scope
+from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import CANDIDATES, PROFILES
+from kimi_eagle.serving.provider_table import entry_applies, record_entry, unexplained_sides
+from kimi_eagle.serving.request import history_call_count, preprocess_request, served_prompt_pieces
+from kimi_eagle.serving.variants import template_format
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
@@ -255,7 +254,7 @@ def choose_profiles(records: Iterable[Any], tok: Tokenizer, format_name: str = "
     or a uniform sample of ``per_group``, :func:`sample_groups`).
 
     ``counter``: ``record -> {name: (prompt count, completion count, dropped_by_server) | None}`` (default: prompts only,
-    :func:`prompt_only_counter`; kimi_eagle.reconstruct.auto_serving counts completions too). A format the
+    :func:`prompt_only_counter`; kimi_eagle.reconstruct.prepass counts completions too). A format the
     profiles do not change (not a ``kimi-*`` format) gives every group ``template`` without counting."""
     applies = format_name.startswith("kimi-")
     counter = counter or (prompt_only_counter(tok, format_name) if applies else None)
@@ -302,3 +301,42 @@ def describe(choice: dict[str, Any]) -> str:
     if choice.get("sampled", 0) < choice.get("billed_records", 0):
         line += f" (evidence: a uniform sample of {choice['sampled']:,} of {choice['billed_records']:,} billed records)"
     return line
+
+
+# --------------------------------------------------------------------------------------------
+# The provider table's entries met in a file
+
+
+def table_entries(records: Any, table: str | os.PathLike | None, format_name: str, met: dict) -> Any:
+    """``records`` without those the provider ``table`` renders (an explained entry whose template applies to
+    ``format_name``), tallying every entry met into ``met`` (:func:`table_use`'s entries) on the way: one pass."""
+
+    for record in records:
+        response = record.get("response") if isinstance(record, dict) and table is not None else None
+        provider = response.get("provider") if isinstance(response, dict) else None
+        if not isinstance(provider, str):
+            yield record
+            continue
+        entry = record_entry(record, table)
+        key = (entry.provider, entry.model, entry.period, entry.deployment) if entry is not None else provider
+        if key not in met:
+            met[key] = _entry_use(entry, provider, format_name, template_format)
+        met[key]["records"] += 1
+        if not met[key]["applied"]:
+            yield record
+
+
+def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any) -> dict[str, Any]:
+    if entry is None:
+        return {"provider": provider, "model": "", "period": "", "status": "none", "variant": None, "records": 0,
+                "applied": False, "figures": {}, "residuals": {}}
+    applies = entry_applies(entry) and template_format(entry.variant.template, format_name) is not None
+    return {"provider": entry.provider, "model": entry.model, "period": scope(entry.period, entry.deployment),
+            "status": entry.status,
+            "variant": entry.variant.describe(), "records": 0, "applied": applies,
+            "unexplained_sides": unexplained_sides(entry),
+            "figures": {k: list(v) for k, v in entry.figures.items()}, "residuals": dict(entry.residuals)}
+
+
+def entry_uses(met: dict) -> list[dict[str, Any]]:
+    return sorted(met.values(), key=lambda u: (u["status"] != "unexplained", u["provider"], u["model"], u["period"]))

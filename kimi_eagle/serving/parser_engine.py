@@ -1,6 +1,6 @@
 """Today's server Kimi-K2 parsers, written from their observable behaviour (vLLM 0.33's parser engine).
 
-A server reads the decoded completion (:mod:`kimi_eagle.chat.detok`) with a small state machine:
+A server reads the decoded completion (:mod:`kimi_eagle.serving.detokenizer`) with a small state machine:
 
     REASONING --</think>--> CONTENT --<|tool_calls_section_begin|>--> PREAMBLE --<|tool_call_begin|>--> NAME
     NAME --<|tool_call_argument_begin|>--> ARGS --<|tool_call_end|>--> BETWEEN --<|tool_call_begin|>--> NAME
@@ -14,7 +14,7 @@ dropped wherever they appear.
 **Text mode** (non-streaming answers) finds markers by their spelling in the decoded text, so marker text
 the model wrote as ordinary tokens splits there too; **ID mode** (streamed answers) finds them by token
 ID only, and marker spellings written as ordinary tokens stay text. :func:`run_machine` returns the
-reasoning, content and raw calls (header and argument text); :mod:`kimi_eagle.chat.served_answer` turns
+reasoning, content and raw calls (header and argument text); :mod:`kimi_eagle.serving.vllm_answer` turns
 them into the API message each server version returns.
 """
 from __future__ import annotations

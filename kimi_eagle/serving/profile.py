@@ -1,7 +1,7 @@
 """What a serving profile is: :class:`ServingProfile`, its fields and the values each may take (:data:`CHOICES`).
 
-The named profiles are data files under ``kimi_eagle/chat/profiles/`` (read by
-:mod:`kimi_eagle.chat.profile_files`); :mod:`kimi_eagle.chat.serving` holds the loaded set and applies a profile.
+The named profiles are data files under ``kimi_eagle/serving/profiles/`` (read by
+:mod:`kimi_eagle.serving.profiles`); :mod:`kimi_eagle.serving.request` holds the loaded set and applies a profile.
 
 >>> ServingProfile("x", split_on="text").split_on
 'text'
@@ -15,7 +15,7 @@ from typing import Any
 @dataclass(frozen=True)
 class ServingProfile:
     """One serving stack's conventions around the template (each field overridable:
-    :func:`kimi_eagle.chat.serving.get_profile`).
+    :func:`kimi_eagle.serving.request.get_profile`).
 
     Prompt side: ``tool_declaration`` (``json`` | ``ts``); ``sort_tools`` (deep-sort every mapping of the
     tools by key first); ``history_arguments`` (``verbatim`` | ``reserialise``: parse each history call's
@@ -29,7 +29,7 @@ class ServingProfile:
     messages); ``empty_parts`` (``keep`` | ``drop``: text parts whose text is empty, ``None`` or missing are
     left out before joining); ``marker_text`` (``text``: special-token spellings inside request text stay
     ordinary tokens, the kit's reading | ``special``: the server tokenizes the rendered prompt whole, so each
-    spelling there becomes its special token: :func:`kimi_eagle.chat.serving.served_prompt_pieces`).
+    spelling there becomes its special token: :func:`kimi_eagle.serving.request.served_prompt_pieces`).
 
     Completion side: ``split_on`` (``ids``: only marker special tokens split; ``text``: the decoded text is
     split on marker spellings, as servers do); ``finish_on_section`` (``never``: ``tool_calls`` only when a
@@ -49,7 +49,7 @@ class ServingProfile:
     ``streaming`` (the profile describes the server's streaming path).
 
     ``answer_rules``: ``legacy`` (the completion-side fields above, as first transcribed) or the name of a
-    server version whose answers :mod:`kimi_eagle.chat.served_answer` reproduces from its recorded vectors
+    server version whose answers :mod:`kimi_eagle.serving.vllm_answer` reproduces from its recorded vectors
     (``vllm-0.33``: decode with ``spaces_between_special_tokens``, the parser engine in text mode, or in ID
     mode when ``streaming``); the fields from ``split_on`` to ``strip_reasoning`` are then not read.
     ``stream_profile``: the profile of the same server's streaming path (a streamed record, one whose converted

@@ -8,7 +8,7 @@ non-default values. Every value is implemented here as a plain function on the r
 on the rendered prompt pieces, or on counts:
 
 ``profile``
-    the serving profile (:mod:`kimi_eagle.chat.serving`) whose prompt side (``preprocess_request``,
+    the serving profile (:mod:`kimi_eagle.serving.request`) whose prompt side (``preprocess_request``,
     ``marker_text``, ``sort_tools``) renders the request and whose answer side reconstructs the completion.
 ``template``
     which chat template the server renders with: ``format`` (the record's format, from the assets' templates)
@@ -87,7 +87,7 @@ on the rendered prompt pieces, or on counts:
     reasoning's last space, the content's first space and, before tool calls, all of the content's trailing
     whitespace are the server's; Avian's K2.5 streams).
 
-The calibration itself (which variant explains which provider) is :mod:`kimi_eagle.reconstruct.calibration`.
+The calibration itself (which variant explains which provider) is :mod:`kimi_eagle.serving.calibration`.
 """
 from __future__ import annotations
 
@@ -98,9 +98,9 @@ from typing import Any, Callable, Sequence
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, Turn, tojson
 from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, Format, Message, get_format
 from kimi_eagle.chat.k2_0905 import KimiK2Instruct0905, declaration_0905
-from kimi_eagle.chat.serving import deep_sort, preprocess_request
-from kimi_eagle.chat.serving_profile import ServingProfile
-from kimi_eagle.chat.tool_decl import tools_to_typescript
+from kimi_eagle.chat.tool_decl import typescript_or_none
+from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.request import deep_sort, preprocess_request
 
 # dimension -> its values, the default first (knowledge as data: add a value here and a function below)
 SPACE: dict[str, tuple[Any, ...]] = {
@@ -251,7 +251,7 @@ def declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, 
         else:
             how = "json"
     if how == "ts":
-        return tools_to_typescript(tools) or tojson(tools, separators=(",", ":"))
+        return typescript_or_none(tools) or tojson(tools, separators=(",", ":"))
     if how == "json-lines":
         return "\n".join(tojson(tool) for tool in tools)
     return tojson(tools, separators=(",", ":") if how == "json-compact" else None)

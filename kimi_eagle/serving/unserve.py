@@ -1,6 +1,6 @@
 """From a server's answer back to what the model wrote: undo what the profile's server did to the text.
 
-:mod:`kimi_eagle.chat.served_answer` says what a server version returns for engine IDs; this module goes
+:mod:`kimi_eagle.serving.vllm_answer` says what a server version returns for engine IDs; this module goes
 the other way for reconstruction. What the server added is taken away exactly (the detokenizer's spaces
 around Kimi's markers); what it removed cannot be recovered, and the row is flagged where that may have
 changed the IDs:
@@ -30,7 +30,7 @@ text is kept as it is (``""`` content is none); its parsers remove, and the row 
 - ``invalid_utf8``: a character cut by the end of the output comes back as U+FFFD.
 
 >>> from kimi_eagle.chat.completion import Turn, ToolCall
->>> from kimi_eagle.chat.serving import get_profile
+>>> from kimi_eagle.serving.profiles import get_profile
 >>> turn = Turn(" I look.", " Sure. ", [ToolCall("functions.get:0", "get", '{"q": 1}')], "tool_calls")
 >>> back, flags = unserve_turn(turn, get_profile("vllm-0.33"))
 >>> back.reasoning, back.content
@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kimi_eagle.chat.completion import ToolCall, Turn
-from kimi_eagle.chat.serving_profile import ServingProfile
+from kimi_eagle.serving.profile import ServingProfile
 
 RANDOM_ID = "chatcmpl-tool-"
 
@@ -99,7 +99,7 @@ def _unserve_call(call: ToolCall, spaces: bool, stream: bool, cut: bool, flags: 
 
 
 def _unserve_sglang(turn: Turn, stream: bool) -> tuple[Turn, list[str]]:
-    """SGLang 0.5 (:mod:`kimi_eagle.chat.served_sglang`): its text is the model's (no space added, nothing
+    """SGLang 0.5 (:mod:`kimi_eagle.serving.sglang_answer`): its text is the model's (no space added, nothing
     stripped from reasoning or content), its ``""`` content is none; what its parsers removed is flagged."""
     flags: list[str] = []
     calls = turn.tool_calls

@@ -3,7 +3,7 @@
 Servers decode the IDs to text (markers spelled out, ``<|im_end|>`` removed: it is the stop) and split
 that text on marker *spellings*: a ``</think>`` the model wrote as ordinary tokens ends reasoning just as
 the special token does. Then the reasoning parser splits reasoning from content, and the tool parser
-takes the calls out of the content. The rules are the :class:`~kimi_eagle.chat.serving.ServingProfile`
+takes the calls out of the content. The rules are the :class:`~kimi_eagle.serving.request.ServingProfile`
 fields (``split_on="text"`` profiles); docs/reconstruct.md has the table and the source files.
 
 :func:`parse_served_text` returns the fields of a
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kimi_eagle.chat.serving import ServingProfile
+from kimi_eagle.serving.profile import ServingProfile
 
 THINK, THINK_END = "<think>", "</think>"
 SECTION_BEGIN = "<|tool_calls_section_begin|>"

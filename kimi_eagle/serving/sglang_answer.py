@@ -3,8 +3,8 @@
 Written from SGLang 0.5.23's observable behaviour (``--reasoning-parser kimi_k2 --tool-call-parser kimi_k2``),
 read off its answers to the seeded corpus in ``tests/data/servers`` (``tools/server_vectors/collect_sglang.py``
 runs SGLang's own serving code on it). :func:`sglang_answer` has the shape of
-:func:`~kimi_eagle.chat.served_answer.served_answer` and returns the same
-:class:`~kimi_eagle.chat.served_answer.ServedAnswer`.
+:func:`~kimi_eagle.serving.vllm_answer.served_answer` and returns the same
+:class:`~kimi_eagle.serving.vllm_answer.ServedAnswer`.
 
 **Decode** (``DetokenizerManager`` with Kimi's slow tokenizer): a raw tiktoken decode of the IDs (invalid
 UTF-8 replaced), no space put around added tokens whatever ``spaces_between_special_tokens`` says; the
@@ -49,8 +49,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kimi_eagle.chat.served_answer import ServedAnswer, prompt_tail
-from kimi_eagle.chat.served_parse import ARG, CALL, CALL_END, SECTION, SECTION_END, THINK, THINK_END
+from kimi_eagle.serving.parser_engine import ARG, CALL, CALL_END, SECTION, SECTION_END, THINK, THINK_END
+from kimi_eagle.serving.vllm_answer import ServedAnswer, prompt_tail
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 DECODE_OFFSET = 5  # prompt IDs the first decode window starts with (SGLang's initial incremental offset)
@@ -484,7 +484,7 @@ def sglang_flags(answer: ServedAnswer, written: Any) -> list[str]:
 def parse_sglang(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any, written: Any,
                  start: str) -> tuple[ServedAnswer, list[str]]:
     """SGLang 0.5's answer for ``ids`` and the flags of what it changed (the ``sglang-0.5*`` profiles;
-    arguments as :func:`~kimi_eagle.chat.served_answer.parse_served`'s)."""
+    arguments as :func:`~kimi_eagle.serving.vllm_answer.parse_served`'s)."""
     stops = SglangOptions.stop_ids
     finish = options.finish_reason or ("stop" if ids and ids[-1] in stops else "length")
     opts = SglangOptions(streaming=profile.streaming, thinking=start != "content", finish_reason=finish,
