@@ -49,19 +49,38 @@ clean:
 	rm -rf runs .pytest_cache
 
 # The real servers as the reference (never part of `make test`; docs/servers.md): builds a separate environment
-# (vLLM 0.33.0 and SGLang 0.5.23 from PyPI, about 10 GB), asks both about the seeded corpus and writes their
-# answers and prompts to tests/data/servers/. MODEL_DIR: a Kimi-K2.5 checkpoint directory (or its tokenizer
-# files) holding Moonshot's tokenization_kimi.py and tool_declaration_ts.py; the kit never runs that code.
+# (vLLM and SGLang from PyPI, about 9 GB), asks both about the kit's seeded corpus and about the outside request
+# corpus, and writes what they answered to tests/data/servers/, the files named by the versions that ran
+# (vllm-MAJOR.MINOR.*, sglang-MAJOR.MINOR.*). VLLM / SGLANG: the versions (defaults: the newest known here).
+# MODEL_DIR: a Kimi-K2.5 checkpoint directory (or its tokenizer and config files) holding Moonshot's
+# tokenization_kimi.py and tool_declaration_ts.py; the kit never runs that code. A requirement of the vLLM wheel
+# that the index does not serve (vLLM 0.34.0 pins flashinfer-python==0.7.3) is skipped and named
+# (tools/server_vectors/install_wheel.py); the render server runs with VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES="".
 SERVER_VENV ?= .server-venv
 MODEL_DIR ?=
+VLLM ?= 0.34.0
+SGLANG ?= 0.5.23
+REQUESTS_SEED ?= 0
+REQUESTS_GENERATED ?= 2500
 SERVER_VECTORS_OUT ?= tests/data/servers
+SERVER_PY := $(SERVER_VENV)/bin/python
+SERVER_PIP := $(SERVER_PY) -m pip install --progress-bar off --disable-pip-version-check
 server-vectors: install
-	@test -n "$(MODEL_DIR)" || { echo "usage: make server-vectors MODEL_DIR=DIR (a Kimi-K2.5 directory holding tokenization_kimi.py)"; exit 2; }
+	@test -n "$(MODEL_DIR)" || { echo "usage: make server-vectors MODEL_DIR=DIR [VLLM=$(VLLM)] [SGLANG=$(SGLANG)] (DIR: a Kimi-K2.5 directory holding tokenization_kimi.py)"; exit 2; }
 	@test -f "$(MODEL_DIR)/tokenization_kimi.py" || { echo "$(MODEL_DIR) holds no tokenization_kimi.py"; exit 2; }
-	test -x $(SERVER_VENV)/bin/python || python3 -m venv $(SERVER_VENV)
-	$(SERVER_VENV)/bin/pip install -q vllm==0.33.0
-	$(SERVER_VENV)/bin/pip install -q --no-deps sglang==0.5.23
-	$(SERVER_VENV)/bin/pip install -q -r tools/server_vectors/sglang-extras.txt
+	@echo "[server-vectors 1/6] environment $(SERVER_VENV)"
+	test -x $(SERVER_PY) || python3 -m venv $(SERVER_VENV)
+	$(SERVER_PIP) --upgrade pip
+	@echo "[server-vectors 2/6] vllm==$(VLLM): its requirements the index serves, then the wheel --no-deps"
+	$(SERVER_PY) -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "$(VLLM)")' 2>/dev/null \
+		|| $(SERVER_PY) tools/server_vectors/install_wheel.py vllm==$(VLLM) --skip-log $(SERVER_VENV)/vllm-skipped.txt
+	@echo "[server-vectors 3/6] sglang==$(SGLANG) --no-deps and what its serving-chat path imports beyond vLLM's requirements"
+	$(SERVER_PIP) --no-deps sglang==$(SGLANG)
+	$(SERVER_PIP) -r tools/server_vectors/sglang-extras.txt
+	@echo "[server-vectors 4/6] the corpora: the kit's seeded one and the outside requests"
 	$(PY) tools/server_vectors/corpus.py --answers 3000 --prompts 640 --seed 0 -o $(SERVER_VENV)/corpus.jsonl
-	$(SERVER_VENV)/bin/python tools/server_vectors/collect_vllm.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out $(SERVER_VECTORS_OUT)
-	$(SERVER_VENV)/bin/python tools/server_vectors/collect_sglang.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --out $(SERVER_VECTORS_OUT)
+	$(PY) tools/server_vectors/outside_requests.py --seed $(REQUESTS_SEED) --generated $(REQUESTS_GENERATED) -o $(SERVER_VECTORS_OUT)/requests.corpus.jsonl.gz
+	@echo "[server-vectors 5/6] vLLM's render server"
+	$(SERVER_PY) tools/server_vectors/collect_vllm.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --requests $(SERVER_VECTORS_OUT)/requests.corpus.jsonl.gz --out $(SERVER_VECTORS_OUT)
+	@echo "[server-vectors 6/6] SGLang's serving code in process"
+	$(SERVER_PY) tools/server_vectors/collect_sglang.py --model-dir $(MODEL_DIR) --corpus $(SERVER_VENV)/corpus.jsonl --requests $(SERVER_VECTORS_OUT)/requests.corpus.jsonl.gz --out $(SERVER_VECTORS_OUT)

@@ -1,4 +1,20 @@
-"""EAGLE-3 beside DFlash on the same rows (issue #36): τ with 95 % intervals, the ID effect, the dose-response.
+"""EAGLE-3 beside DFlash: the rows curve with the modelled speedup (issue 45, the default), or ``--ablation``: the ID
+effect and dose-response on the same rows (issue #36).
+
+**The curve** (:func:`curve_main`; stories260K): both drafters (EAGLE-3, and DFlash under ``--dflash-recipe``, defaults
+from :mod:`kimi_eagle.eagle3.recipes`) trained for the same ``--steps`` on the first 48 / 400 / 1,600 (``--rows``) of
+the target's own sampled generations, ``--seeds`` seeds each; each evaluated on ``--eval-prompts`` held-out prompts
+(a held-out generation's prompt + its first 8 tokens) by greedy speculative decoding with ``k`` drafts per round
+(τ, two-way bootstrap 95 % interval over seeds × prompts) and by teacher-forced next-token accuracy on held-out rows
+(EAGLE-3's step 0, DFlash's slot 1: the drafter's argmax = the target's, Wilson 95 % interval over the pooled
+positions). The **modelled speedup** per round, ``τ · t(target, 1 token) / (t(draft) + t(verify k + 1 tokens))``,
+uses times measured here on CPU: EAGLE-3 drafts with ``k`` sequential steps, DFlash with one block pass. Writes
+``curve.json`` and prints the Markdown tables.
+
+    python bench/drafters.py [--out runs/bench_curve] [--rows 48,400,1600] [--steps 120] [--seeds 0,1] [--eval-prompts 24]
+
+**The ablation** (``--ablation``; issue #36): EAGLE-3 beside DFlash on the same rows: τ with 95 % intervals, the ID
+effect, the dose-response.
 
 For one target — stories260K (the default) or a tiny-kimi directory (``--target``; Kimi IDs in K2.5, collected
 through the served API) — both drafters are trained on the same rows (engine IDs, reconstructed IDs, reconstructed
@@ -16,7 +32,7 @@ KV-cached verifier (`kimi_eagle.eagle3.ablation.run_ablation`). Prints three tab
 The injected rates are simulated drift on toy-model generations: the tables measure the kit's drafters on toy
 targets, never Kimi. Resumes from ``--out``.
 
-    python bench/drafters.py [--target DIR] [--out runs/bench_drafters] [--samples 64] [--steps 150] [--seeds 0,1]
+    python bench/drafters.py --ablation [--target DIR] [--out runs/bench_drafters] [--samples 64] [--steps 150] [--seeds 0,1]
 """
 from __future__ import annotations
 
@@ -98,7 +114,7 @@ def markdown(t: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def ablation_main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="a tiny-kimi directory (kimi-eagle tiny-kimi); default: stories260K")
     p.add_argument("--out", default="runs/bench_drafters")
@@ -107,12 +123,12 @@ def main() -> None:
     p.add_argument("--eval-prompts", type=int, default=12)
     p.add_argument("--eval-max-new-tokens", type=int, default=40)
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--lr", type=float, default=None, help="default: each drafter's recipe (kimi_eagle.eagle3.recipes)")
     p.add_argument("--k", type=int, default=7, help="drafts per round: EAGLE-3's chain (and TTT steps), DFlash's block − 1")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start, out = time.perf_counter(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +147,18 @@ def main() -> None:
                                        "n_eval_prompts": len(held_out), **t, "wall_s": round(time.perf_counter() - start, 1)}, indent=1)
     print(markdown(t))
     print(f"\nwall {time.perf_counter() - start:.0f} s; {len(settings.seeds)} seeds × {len(held_out)} held-out prompts; {out / 'drafters.json'}")
+
+
+def main() -> None:
+    import sys
+
+    argv = sys.argv[1:]
+    if "--ablation" in argv:
+        ablation_main([a for a in argv if a != "--ablation"])
+    else:
+        from drafter_curve import curve_main
+
+        curve_main(argv)
 
 
 if __name__ == "__main__":

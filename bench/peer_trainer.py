@@ -120,8 +120,9 @@ def kit_eagle3_loss(data: HiddenStates, target_dir: str, args):
     from types import SimpleNamespace
 
     from kimi_eagle.eagle3 import draft_vocab
-    from kimi_eagle.eagle3.model import Eagle3Drafter, target_tensor
-    from kimi_eagle.eagle3.train import TTTLoss
+    from kimi_eagle.eagle3.drafter_base import target_tensor
+    from kimi_eagle.eagle3.losses import TTTLoss
+    from kimi_eagle.eagle3.model import Eagle3Drafter
 
     counts = draft_vocab.supervised_counts(((r["input_ids"], r["loss_mask"]) for r in data), data.manifest["vocab_size"])
     vocab = draft_vocab.build(counts, args.draft_vocab_size)
@@ -156,16 +157,17 @@ def block_scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats:
         block_train_settings,
         build_block_model,
     )
-    from kimi_eagle.eagle3.dflash import BlockSpec, build_dflash
+    from kimi_eagle.eagle3.dflash import BlockSpec
     from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, mask_token_id
-    from kimi_eagle.eagle3.model import target_tensor
+    from kimi_eagle.eagle3.drafter_base import target_tensor
+    from kimi_eagle.eagle3.recipes import dflash_with_loss
     from kimi_eagle.eagle3.train import collate
 
     data, ddata = HiddenStates(kit_dir), HiddenStates(kit_dir.parent / "hidden-kit-dflash")
     eagle3, vocab = kit_eagle3_loss(data, target_dir, args)
     tcfg = SimpleNamespace(**json.loads((Path(target_dir) / "config.json").read_text()))
     embed, lm_head, mask = target_tensor(target_dir, "embed_tokens.weight"), target_tensor(target_dir, "lm_head.weight"), mask_token_id(target_dir)
-    kits = {f"kit_dflash_{n}l": build_dflash(tcfg, embed, lm_head, vocab, ddata.layer_ids, BlockSpec(BLOCK_SIZE, mask, n), 0.8, 0)[1]
+    kits = {f"kit_dflash_{n}l": dflash_with_loss(tcfg, embed, lm_head, vocab, ddata.layer_ids, BlockSpec(BLOCK_SIZE, mask, n))[1]
             for n in (1, 5)}
     peers = {}
     for kind, impl, anchors in (("dflash", "sdpa", None), ("dflash", "eager", None), ("dflash", "sdpa", 512), ("dspark", "sdpa", None)):
@@ -204,8 +206,10 @@ def scaling(kit_dir: Path, spec_dir: Path, target_dir: str, args, repeats: int =
 
     from kimi_eagle.apps.interop.peer import PeerData, build_model, peer_step
     from kimi_eagle.eagle3 import draft_vocab
-    from kimi_eagle.eagle3.model import Eagle3Drafter, target_tensor
-    from kimi_eagle.eagle3.train import TTTLoss, collate
+    from kimi_eagle.eagle3.drafter_base import target_tensor
+    from kimi_eagle.eagle3.losses import TTTLoss
+    from kimi_eagle.eagle3.model import Eagle3Drafter
+    from kimi_eagle.eagle3.train import collate
 
     data = HiddenStates(kit_dir)
     index = {r.id: k for k, r in enumerate(arrow_rows(spec_dir))}

@@ -32,11 +32,13 @@ from extract import real_rows  # noqa: E402
 
 from kimi_eagle.assets import stories_dir  # noqa: E402
 from kimi_eagle.eagle3 import draft_vocab  # noqa: E402
+from kimi_eagle.eagle3.drafter_base import shift_left  # noqa: E402
 from kimi_eagle.eagle3.extract import extract  # noqa: E402
 from kimi_eagle.eagle3.hidden import load_target  # noqa: E402
-from kimi_eagle.eagle3.model import Eagle3Drafter, shift_left  # noqa: E402
+from kimi_eagle.eagle3.losses import TTTLoss, soft_targets  # noqa: E402
+from kimi_eagle.eagle3.model import Eagle3Drafter  # noqa: E402
 from kimi_eagle.eagle3.readers import HiddenStates  # noqa: E402
-from kimi_eagle.eagle3.train import TTTLoss, collate, soft_targets  # noqa: E402
+from kimi_eagle.eagle3.train import collate  # noqa: E402
 
 
 def main() -> int:
@@ -103,8 +105,9 @@ def main() -> int:
 def dflash_steps(model, tmp: Path, vocab, args, draft_layers: list[int]) -> dict:
     """``{"dflash_Nl": step}``: one training pass of the kit's DFlash drafter with ``N`` draft layers over the same
     rows (DFlash's layer set extracted into ``tmp/dflash``), forward + backward + AdamW per batch."""
-    from kimi_eagle.eagle3.dflash import BlockSpec, build_dflash
+    from kimi_eagle.eagle3.dflash import BlockSpec
     from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, mask_token_id
+    from kimi_eagle.eagle3.recipes import dflash_with_loss
 
     if not draft_layers:
         return {}
@@ -116,7 +119,7 @@ def dflash_steps(model, tmp: Path, vocab, args, draft_layers: list[int]) -> dict
     steps = {}
     for n in draft_layers:
         block = BlockSpec(BLOCK_SIZE, mask_token_id(stories_dir()), n)
-        drafter, loss_fn = build_dflash(model.config, embed, lm_head, vocab, data.layer_ids, block, 0.8, seed=0)
+        drafter, loss_fn = dflash_with_loss(model.config, embed, lm_head, vocab, data.layer_ids, block, seed=0)
         opt = torch.optim.AdamW([q for q in drafter.parameters() if q.requires_grad], lr=1e-3)
 
         def step(loss_fn=loss_fn, opt=opt) -> None:

@@ -90,3 +90,36 @@ def model_kind(model: str) -> str:
     else :data:`REAL`."""
     low = str(model).lower()
     return TOY if any(name in low for name in TOY_MODELS) else REAL
+
+
+def settle(stated: str | None, inferred: str, why: str, option: str = "--data") -> tuple[str, str | None]:
+    """``(kind, note)``: the data kind to state, from the inputs (``inferred``, because ``why``) unless ``stated``
+    (an option such as ``--data``) overrides it. An override never calls data real that the inputs say are not
+    (ValueError naming both); a more cautious override is kept and ``note`` says what it overrode.
+
+    >>> settle(None, "simulated", "labels.parquet beside it")
+    ('simulated', None)
+    >>> settle("toy", "real", "no labels")
+    ('toy', '--data toy overrides the inputs\\' real (no labels)')
+    >>> settle("real", "simulated", "labels.parquet beside it")
+    Traceback (most recent call last):
+    ValueError: --data real: the inputs are simulated data (labels.parquet beside it); leave --data out or give --data simulated
+    """
+    check(inferred)
+    if stated is None or stated == inferred:
+        return inferred, None
+    check(stated)
+    if base_kind(stated) == REAL:
+        raise ValueError(f"{option} real: the inputs are {inferred} data ({why}); leave {option} out or give "
+                         f"{option} {inferred}")
+    return stated, f"{option} {stated} overrides the inputs' {inferred} ({why})"
+
+
+def meta_kind(meta: object) -> str | None:
+    """The data kind a run folder's ``meta.json`` states (its ``data``), or None when it states none (or no kind of
+    the vocabulary)."""
+    label = meta.get("data") if isinstance(meta, dict) else None
+    try:
+        return check(label) if isinstance(label, str) else None
+    except ValueError:
+        return None

@@ -357,3 +357,21 @@ def test_papermill_kernels_do_not_print_the_tcp_encryption_warning(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "without encryption" not in out.stderr + out.stdout
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["value"] == 2.0
+
+
+def test_resume_reruns_a_finished_run_whose_metrics_were_corrupted_since(tmp_path):
+    """#48: a kept run's metrics.json is checked again on --resume: a NaN or torn file is rerun, never kept ok."""
+    counter = tmp_path / "counts"
+    counter.mkdir()
+    grid = write_grid(tmp_path / "g.yaml", {"fixed": {"counter_dir": str(counter)}, "sweep": {"x": [2, 4, 6]}})
+    out = tmp_path / "run"
+    run_batch(PROBE, grid, out, workers=1, progress=False)
+    (out / "x=2" / "metrics.json").write_text('{"value": NaN}')
+    (out / "x=4" / "metrics.json").write_text('{"value": 1')
+    df = write_summary(out, [(n, {"x": x}) for n, x in (("x=2", 2), ("x=4", 4), ("x=6", 6))])
+    assert df.set_index("run").status.to_dict() == {"x=2": "failed", "x=4": "failed", "x=6": "ok"}  # marked
+    assert "metrics.json does not read" in df.set_index("run").loc["x=2", "error"]
+    again = run_batch(PROBE, grid, out, workers=1, progress=False, resume=True)
+    assert sorted(again.executed) == ["x=2", "x=4"] and again.skipped == ["x=6"]
+    back = pd.read_parquet(out / "summary.parquet").set_index("run")
+    assert (back.status == "ok").all() and back["metric.value"].notna().all()

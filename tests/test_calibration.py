@@ -10,13 +10,23 @@ from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.k2_0905 import TOOLS_HEADING, KimiK2Instruct0905, declaration_0905
 from kimi_eagle.reconstruct.record import rebuild_under, reconstruct_record, serving_options
 from kimi_eagle.reconstruct.recorded import exchange_record
-from kimi_eagle.serving.calibration import VariantCounts, calibrate, held_out, in_period, period_of, totals
+from kimi_eagle.serving.calibration import (
+    MIN_HELD_OUT,
+    MIN_RECORDS,
+    VariantCounts,
+    calibrate,
+    held_out,
+    in_period,
+    period_of,
+    totals,
+)
 from kimi_eagle.serving.profiles import get_profile
 from kimi_eagle.serving.provider_table import (
     TABLE_PATH,
     TableError,
     calibrated_profile,
     load_table,
+    table_entry,
     table_items,
 )
 from kimi_eagle.serving.request import served_prompt_pieces
@@ -34,20 +44,21 @@ from kimi_eagle.serving.variants import (
 # MEASURED on the recorded corpus (2026-12): (provider, model, period) -> (status, variant,
 # (prompt equal, compared), (completion equal, compared), held-out prompt, held-out completion)
 PINNED = {
-    ("BaseTen", "moonshotai/kimi-k2-0905", "all"): (
-        "explained", "template + template=k2-0905, schema=vllm, prompt_offset=1", (23, 23), (23, 23), (4, 4), (4, 4)),
+    ("BaseTen", "moonshotai/kimi-k2-0905", "all"): (  # the 0905 revision with a newline after the system header
+        "explained", "template + template=k2-0905, schema=vllm, role_newline=system", (23, 23), (23, 23), (4, 4),
+        (4, 4)),
     ("Chutes", "moonshotai/kimi-k2-0905", "all"): (
         "explained", "template + template=k2-0905, schema=sglang, history_args=spaced, role_newline=system-tool",
         (31, 31), (31, 31), (18, 19), (19, 19)),
     ("Groq", "moonshotai/kimi-k2-0905", "all"): (
         "explained", "template + template=k2-0905, schema=no-strict, answer_args=spaced", (11, 11), (11, 11),
         (7, 7), (7, 7)),
-    ("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-09"): (
-        "explained", "template + tools=json-compact, schema=no-strict, tool_call_offset=1", (49, 49), (48, 49),
+    ("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-09"): (  # thin: tool_call_offset=1 names no mechanism
+        "thin", "template + tools=json-compact, schema=no-strict, tool_call_offset=1", (49, 49), (48, 49),
         (18, 18), (18, 18)),
-    ("Moonshot AI", "moonshotai/kimi-k2-0905", "2026-03"): (
-        "explained", "template + tools=ts, tool_call_offset=1", (8, 8), (8, 8), (2, 2), (2, 2)),
-    ("Chutes", "moonshotai/kimi-k2.5-0127", "all"): ("explained", "vllm-0.33", (8, 8), (8, 8), (4, 5), (5, 5)),
+    ("Moonshot AI", "moonshotai/kimi-k2-0905", "2026-03"): (  # thin: 8 records, and the unnamed offset
+        "thin", "template + tools=ts, tool_call_offset=1", (8, 8), (8, 8), (2, 2), (2, 2)),
+    ("Chutes", "moonshotai/kimi-k2.5-0127", "all"): ("thin", "vllm-0.33", (8, 8), (8, 8), (4, 5), (5, 5)),
     ("DeepInfra", "moonshotai/kimi-k2-0905", "all"): (
         "unexplained", "template + template=k2-0905, tools=json, schema=vllm, tool_result=id-line, "
         "history_call_offset=-1, completion_offset=-1, tool_answer=chars-estimate", (19, 34), (34, 34), (9, 19), (19, 19)),
@@ -81,10 +92,10 @@ def _row(rows, key):
 
 def test_the_space_is_a_product_of_small_dimensions_with_defaults_first():
     assert Variant().conventions() == {} and Variant().cost()[0] == 0
-    assert all(2 <= len(values) <= 6 for values in SPACE.values())
+    assert all(2 <= len(values) <= 7 for values in SPACE.values())
     assert all(getattr(Variant(), name) == values[0] for name, values in SPACE.items())
     v = variant_from("vllm-0.33", {"schema": "sglang", "prompt_offset": 1})
-    assert v.describe() == "vllm-0.33 + schema=sglang, prompt_offset=1" and v.cost()[0] == 3
+    assert v.describe() == "vllm-0.33 + schema=sglang, prompt_offset=1" and v.cost()[0] == 4  # the bare offset counts twice
     with pytest.raises(ValueError, match="schema 'pydantic2' is not one of"):
         variant_from("template", {"schema": "pydantic2"})
     with pytest.raises(ValueError, match="unknown convention"):
@@ -187,6 +198,13 @@ def test_no_group_is_picked_silently(rows):
             side = r["in_sample"][kind]
             assert (kind in r["unexplained"]) == (not side.explained)
         assert (r["status"] == "unexplained") == bool(r["unexplained"])
+        if r["status"] == "explained":  # the evidence rule (issue 44): never explained on thin evidence
+            assert min(r["in_sample"][k].compared for k in ("prompt", "completion")) >= MIN_RECORDS
+            assert min(r["held_out"][k].compared for k in ("prompt", "completion")) >= MIN_HELD_OUT
+            assert all(r["held_out"][k].explained for k in ("prompt", "completion"))
+            assert not r["variant"].unnamed_offsets()
+        if r["status"] == "thin":
+            assert r["reasons"] and all(r["in_sample"][k].explained for k in ("prompt", "completion"))
 
 
 def test_moonshot_changed_its_tool_declaration_between_periods(rows):
@@ -231,11 +249,14 @@ def test_the_shipped_table_is_the_calibration_of_the_recorded_corpus(rows):
 
 def test_calibrated_profile_reads_the_table():
     assert calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905") == (
-        "template", {"template": "k2-0905", "schema": "vllm", "prompt_offset": 1})
-    assert calibrated_profile("Chutes", "moonshotai/kimi-k2.5-0127") == ("vllm-0.33", {})
+        "template", {"template": "k2-0905", "schema": "vllm", "role_newline": "system"})
+    assert calibrated_profile("Chutes", "moonshotai/kimi-k2-0905")[1]["schema"] == "sglang"
     assert calibrated_profile("BaseTen", "kimi-k2-0905") is not None  # the vendor prefix may differ
-    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905")[1]["tools"] == "ts"  # the latest period
-    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905", month="2025-09")[1]["tools"] == "json-compact"
+    # thin entries (issue 44): no profile is given for them, though --serving auto renders them, flagged
+    assert calibrated_profile("Chutes", "moonshotai/kimi-k2.5-0127") is None
+    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905") is None
+    assert table_entry("Moonshot AI", "moonshotai/kimi-k2-0905").variant.tools == "ts"  # the latest period
+    assert table_entry("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-09").variant.tools == "json-compact"
     assert calibrated_profile("DeepInfra", "moonshotai/kimi-k2-0905") is None  # unexplained: never a silent pick
     assert calibrated_profile("Nobody", "moonshotai/kimi-k2-0905") is None
     assert TABLE_PATH.name == "providers.toml"
@@ -304,7 +325,7 @@ def test_the_providers_command_prints_and_writes_a_table(records, tmp_path, caps
     table = tmp_path / "providers.toml"
     assert main(["providers", str(log), "-o", str(table)]) == 0
     out = capsys.readouterr().out
-    assert "| BaseTen | moonshotai/kimi-k2-0905 | all | 23 | template + template=k2-0905" in out
+    assert "| BaseTen | moonshotai/kimi-k2-0905 | all | 23 | template + template=k2-0905, schema=vllm, role_newline=system |" in out
     assert "1 record(s) left out" in out and "held out" in out
     entries = load_table(table)
     assert {(e.provider, e.period) for e in entries} == {("BaseTen", "all"), ("Moonshot AI", "2025-09"),

@@ -268,3 +268,41 @@ def test_an_echoed_key_in_any_mix_of_forms_never_survives_a_cut(before, after, f
     decoded = re.sub(r"%([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)),
                      re.sub(r"\\+u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), cut))
     assert key_fragments(decoded.encode()) == []  # no fragment in any form either
+
+
+# ---- usage validated where it enters (#47)
+
+
+@pytest.mark.parametrize("scenario, field", [("usage-negative", "usage.prompt_tokens is -5"),
+                                             ("usage-string", "usage.completion_tokens is '7'"),
+                                             ("usage-float", "usage.completion_tokens is 7.5"),
+                                             ("usage-huge", "usage.completion_tokens is 1000000"),
+                                             ("usage-bool", "usage.total_tokens is True")])
+def test_usage_counts_that_are_not_counts_are_a_flagged_error_never_a_summed_ok(upstream, tmp_path, scenario, field):
+    summary, by, _ = run(upstream, tmp_path, [{"id": "bad", "prompt": f"scenario:{scenario}"},
+                                              {"id": "fine", "prompt": "scenario:full"}])
+    rec = by["bad"]
+    assert rec["status"] == "error" and rec["error"]["kind"] == "bad_usage" and field in rec["error"]["message"]
+    assert rec["response"]["usage"]  # kept as it came, for a look
+    assert summary["bad_usage"] == 1 and summary["ok"] == 1
+    totals = summary["totals"]
+    assert (totals["ok"], totals["errors"], totals["prompt_tokens"], totals["completion_tokens"]) == (1, 1, 12, 30)
+
+
+def test_a_rerun_that_reuses_every_answer_says_they_are_ok(upstream, tmp_path):
+    lines = [{"id": "a", "prompt": "scenario:full"}, {"id": "b", "prompt": "scenario:full"}]
+    first, _, _ = run(upstream, tmp_path, lines)
+    again, _, _ = run(upstream, tmp_path, lines)
+    assert (first["ok"], first["ok_this_run"]) == (2, 2)
+    assert (again["ok"], again["ok_this_run"], again["requested"], again["totals"]["ok"]) == (2, 0, 0, 2)
+
+
+def test_an_earlier_runs_record_with_broken_usage_is_not_summed(upstream, tmp_path):
+    from upstream_sse import answer as full
+
+    bad = {"id": "old", "key": "k-old", "status": "ok", "error": None, "request": {},
+           "response": {**full(), "usage": {"prompt_tokens": -5, "completion_tokens": "7"}}}
+    (tmp_path / "out.jsonl").write_text(json.dumps(bad) + "\n")
+    summary, _, _ = run(upstream, tmp_path, [{"id": "fine", "prompt": "scenario:full"}])
+    totals = summary["totals"]
+    assert (totals["ok"], totals["bad_usage"], totals["prompt_tokens"], totals["completion_tokens"]) == (1, 1, 12, 30)

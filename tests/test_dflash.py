@@ -10,17 +10,11 @@ import torch.nn.functional as F
 
 from kimi_eagle.assets import kimi_dir, stories_dir
 from kimi_eagle.eagle3 import draft_vocab
-from kimi_eagle.eagle3.dflash import (
-    BlockSpec,
-    ContextCache,
-    DFlashDrafter,
-    DFlashLoss,
-    DFlashProposer,
-    block_anchors,
-    load_any_drafter,
-)
+from kimi_eagle.eagle3.dflash import BlockSpec, ContextCache, DFlashDrafter, DFlashProposer
 from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, KIMI_MASK_TOKEN_ID, dflash_layer_ids, mask_token_id
+from kimi_eagle.eagle3.drafters import load_any_drafter
 from kimi_eagle.eagle3.hidden import Extractor, load_target
+from kimi_eagle.eagle3.losses import BlockObjective, DFlashLoss, block_anchors, soft_targets
 from kimi_eagle.eagle3.speculative import (
     CachedTarget,
     DecodeOptions,
@@ -28,7 +22,6 @@ from kimi_eagle.eagle3.speculative import (
     generate_target_only,
     speculative_generate,
 )
-from kimi_eagle.eagle3.train import soft_targets
 
 torch.set_num_threads(1)
 LAYERS = (0, 1, 2, 3, 4)  # stories260K's DFlash set: all 5 blocks
@@ -101,7 +94,7 @@ def test_a_block_sees_the_context_before_its_anchor_and_nothing_after(drafter, f
 def _naive_block_logits(drafter, aux, anchor_token, a):
     """One block by explicit per-query loops: context keys at 0..a-1, block keys bidirectional, GQA by head index."""
     cfg = drafter.config
-    from kimi_eagle.eagle3.model import apply_rope, rope_cos_sin
+    from kimi_eagle.eagle3.drafter_base import apply_rope, rope_cos_sin
 
     ctx = drafter.hidden_norm(drafter.fc(aux[:a]))
     x = drafter.embed_tokens(torch.tensor([anchor_token] + [cfg.mask_token_id] * (cfg.block_size - 1)))
@@ -166,7 +159,7 @@ def test_the_loss_supervises_slot_j_with_the_target_distribution_of_the_token_it
     mask[10:] = 1
     assert block_anchors(mask[None], 4).tolist() == list(range(7, 19))  # blocks reaching a supervised token
     head = torch.randn(100, 64)
-    loss_fn = DFlashLoss(drafter, head, step_weight=0.5)
+    loss_fn = DFlashLoss(drafter, head, BlockObjective(step_weight=0.5))
     loss, stats = loss_fn(aux[None], ids[None], mask[None], final[None])
     assert stats.shape == (3, 3) and loss_fn.stat_rows == 3
     logits = drafter(aux[None], ids[None], torch.arange(7, 19))[0]
@@ -277,3 +270,73 @@ def test_notebook_03_trains_and_evaluates_a_dflash_drafter_with_greedy_output_id
     n = params["eval_prompts"]
     assert metrics["tau"]["DFlash (engine IDs)"]["greedy identical"] == f"{n}/{n}"
     assert metrics["tau"]["DFlash (recon IDs)"]["greedy identical"] == f"{n}/{n}"
+
+
+# ---- the recipes (issue 45): defaults in one place, the objectives they select ----
+
+
+def test_recipes_hold_every_drafter_default_and_train_resolves_them():
+    from kimi_eagle.eagle3 import recipes
+    from kimi_eagle.eagle3.train import TrainConfig
+
+    assert recipes.default_lr("eagle3") == 3e-3 and recipes.default_lr("dflash") == 1e-2
+    spec, zlab = recipes.recipe("dflash", "speculators"), recipes.recipe("dflash", "zlab")
+    assert (spec.block_size, spec.draft_layers, spec.freeze_lm_head, spec.objective.weighting, spec.objective.ce,
+            spec.objective.normalise, spec.objective.max_anchors) == (16, 5, True, "dpace", "argmax", "pooled", 512)
+    assert (zlab.block_size, zlab.draft_layers, zlab.objective.gamma, zlab.objective.ce) == (8, 6, 4.0, "data")
+    cfg = recipes.resolve(TrainConfig("d", "t", "o", drafter="dflash", dflash_recipe="speculators", lr=5e-4))
+    assert (cfg.lr, cfg.block_size, cfg.draft_layers) == (5e-4, 16, 5)
+    assert recipes.resolve(TrainConfig("d", "t", "o")).lr == 3e-3  # EAGLE-3 keeps its learning rate
+    assert recipes.objective(TrainConfig("d", "t", "o", drafter="dflash", dflash_recipe="speculators",
+                                         dflash_weighting="exp", max_anchors=0)) == BlockObjective(
+        ce="argmax", weighting="exp", normalise="pooled", max_anchors=None)
+    with pytest.raises(ValueError, match="D-PACE"):
+        recipes.objective(TrainConfig("d", "t", "o", drafter="dflash", dflash_weighting="dpace"))  # kit: soft CE
+
+
+def test_train_help_shows_the_recipe_options(capsys):
+    from kimi_eagle.apps.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("--dflash-recipe {kit,speculators,zlab}", "--dflash-weighting", "--max-anchors", "--dflash-gamma",
+                   "speculators: lr 0.001, block 16, 5 draft layer(s)", "eagle3 0.003"):
+        assert needle in text, needle
+
+
+def test_sampled_anchors_are_supervised_never_in_the_last_block_and_capped():
+    from kimi_eagle.eagle3.losses import sampled_anchors
+
+    mask = torch.zeros(2, 20, dtype=torch.long)
+    mask[0, 5:20] = 1  # row 0 ends at 20: anchors 5..11 (a < 20 - 8)
+    mask[1, 3:12] = 1  # row 1 ends at 12: anchors 3 only (a < 4)
+    anchors, valid = sampled_anchors(mask, 8, 512)
+    assert anchors.tolist() == [3, 5, 6, 7, 8, 9, 10, 11]
+    assert valid[0].tolist() == [False] + [True] * 7 and valid[1].tolist() == [True] + [False] * 7
+    torch.manual_seed(0)
+    few, _ = sampled_anchors(mask, 8, 3)
+    assert len(few) == 3 and set(few.tolist()) <= set(anchors.tolist()) and few.tolist() == sorted(few.tolist())
+
+
+def test_the_zlab_objective_is_the_weighted_mean_of_hard_ce_on_the_data_tokens(drafter, features):
+    """``ce data``, ``exp`` weights γ = 4, ``weighted`` normalisation, all anchors (the cap above their number): the
+    loss is Σ w_j CE(x[a+j]) / Σ w_j over supervised slots whose token is in the draft vocabulary."""
+    ids, aux, final = features
+    mask = torch.zeros(len(ids), dtype=torch.long)
+    mask[10:] = 1
+    objective = BlockObjective(ce="data", weighting="exp", gamma=4.0, normalise="weighted", max_anchors=512)
+    loss, stats = DFlashLoss(drafter, torch.randn(100, 64), objective)(aux[None], ids[None], mask[None], final[None])
+    t, s = len(ids), drafter.config.block_size
+    anchors = [a for a in range(t) if mask[a] and a < t - s]
+    logits = drafter(aux[None], ids[None], torch.tensor(anchors))[0].detach()
+    to_draft = {int(tid): d for d, tid in enumerate(drafter.draft_to_target.tolist())}
+    num = den = 0.0
+    for i, a in enumerate(anchors):
+        for j in range(1, s):
+            tok = int(ids[a + j])
+            if mask[a + j] and tok in to_draft:
+                w = math.exp(-(j - 1) / 4.0)
+                num += w * float(-F.log_softmax(logits[i, j], -1)[to_draft[tok]])
+                den += w
+    assert float(loss.detach()) == pytest.approx(num / den, rel=1e-4)

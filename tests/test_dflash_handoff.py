@@ -272,3 +272,124 @@ def test_extract_cli_writes_dflash_layers_and_names_the_mask_token(exported, tmp
     assert (summary["mask_token_id"], summary["block_size"], summary["written"]) == (2, BLOCK_SIZE, 12)
     with safe_open(str(out / "hs_0.safetensors"), "pt") as f:
         assert f.get_slice("hidden_states").get_shape() == [31, 6, 64]
+
+
+# ---- the kit's DFlash held to speculators' DFlashDraftModel (issue 45) ----
+
+SPEC_LAYERS = (0, 1, 2, 3, 4)  # DFlash's stories260K layer set (block outputs); capture-before ids 1..5
+SPEC_SENTENCE = [1, 403, 407, 261, 378, 275, 263, 380, 31, 315, 386, 338, 290, 429, 270, 263, 380, 31, 315, 386,
+                 263, 380, 401, 275, 290, 31, 386, 429]
+
+
+@pytest.fixture(scope="module")
+def spec_batch():
+    """One stories260K row (prompt 6 tokens, the rest supervised) with the kit's aux/final and speculators' inputs."""
+    pytest.importorskip("speculators", reason="speculators is not installed (pip install --no-deps -r requirements-interop.txt)")
+    from kimi_eagle.eagle3.hidden import Extractor, load_target
+
+    target = load_target(stories_dir())
+    ex = Extractor(target, SPEC_LAYERS)
+    ids = torch.tensor([SPEC_SENTENCE])
+    aux, final = ex(ids)
+    ex.close()
+    mask = torch.ones_like(ids)
+    mask[:, :6] = 0
+    aux, final = aux.float().clone(), final.float().clone()  # plain tensors (the extractor runs in inference mode)
+    return {"target": target, "ids": ids, "aux": aux, "final": final, "mask": mask,
+            "last": aux[..., -64:].clone()}  # block 4 = the last block, before the final norm (speculators' input)
+
+
+def kit_dflash(target, recipe_name: str, weighting: str | None = None, seed: int = 3):
+    """A kit DFlash drafter under ``recipe_name`` (block 4, 2 draft layers to stay small) and its loss."""
+    from kimi_eagle.eagle3 import draft_vocab, recipes
+    from kimi_eagle.eagle3.dflash import BlockSpec
+    from kimi_eagle.eagle3.train import TrainConfig
+
+    cfg = recipes.resolve(TrainConfig("", "", "", drafter="dflash", dflash_recipe=recipe_name, dflash_weighting=weighting,
+                                      block_size=4, draft_layers=2, seed=seed))
+    vocab = draft_vocab.build(torch.arange(512).flip(0), 100)
+    block = BlockSpec(cfg.block_size, 2, cfg.draft_layers)
+    r = recipes.recipe("dflash", recipe_name)
+    drafter, loss = recipes.dflash_with_loss(target.config, target.model.embed_tokens.weight.detach(),
+                                             target.lm_head.weight.detach(), vocab, SPEC_LAYERS, block,
+                                             recipes.objective(cfg), seed, r.freeze_lm_head)
+    return drafter, loss
+
+
+def speculators_from_kit(drafter, tmp_path):
+    """speculators' own ``DFlashDraftModel`` holding the kit drafter's weights: the kit's speculators export read by
+    ``from_pretrained`` (speculators reloads the embeddings, verifier head and norm from the verifier)."""
+    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+
+    from kimi_eagle.apps.interop.speculators import export_speculators
+
+    drafter.save(tmp_path / "kit")
+    export_speculators(tmp_path / "kit", tmp_path / "spec", verifier=str(stories_dir()))
+    config = DFlashSpeculatorConfig.from_pretrained(str(tmp_path / "spec"))
+    config.transformer_layer_config._attn_implementation = "eager"
+    return DFlashDraftModel.from_pretrained(str(tmp_path / "spec"), config=config).float()
+
+
+def spec_inputs(b):
+    return {"hidden_states": b["aux"], "input_ids": b["ids"], "loss_mask": b["mask"],
+            "verifier_last_hidden_states": b["last"], "document_ids": torch.zeros_like(b["ids"])}
+
+
+def valid_anchor_count(b, block_size: int) -> int:
+    mask = b["mask"].bool().clone()
+    mask[:, -block_size:] = False
+    return int(mask.sum())
+
+
+def test_an_exported_kit_dflash_drafter_gives_speculators_the_same_logits(spec_batch, tmp_path):
+    """``export --engine speculators`` of a kit DFlash drafter loads in speculators' ``DFlashDraftModel`` (its own
+    ``from_pretrained``): every block's logits equal the kit's within 1e-5, and speculators' targets are the kit's
+    soft-target logits."""
+    from kimi_eagle.eagle3.losses import sampled_anchors
+
+    b = spec_batch
+    drafter, _ = kit_dflash(b["target"], "speculators")
+    peer = speculators_from_kit(drafter.eval(), tmp_path).eval()
+    assert json.loads((tmp_path / "spec" / "config.json").read_text())["aux_hidden_state_layer_ids"] == [1, 2, 3, 4, 5]
+    n = valid_anchor_count(b, 4)
+    with torch.no_grad():
+        _, logits, targets, mask, _ = peer._backbone_forward(**spec_inputs(b), max_anchors=n)
+        anchors, valid = sampled_anchors(b["mask"], 4, 512)
+        assert anchors.numel() == n and bool(valid.all())
+        kit = drafter(b["aux"], b["ids"], anchors)
+    torch.testing.assert_close(logits.view(1, n, 4, -1), kit, rtol=1e-5, atol=1e-5)
+    head = b["target"].lm_head.weight[drafter.draft_to_target]
+    index = (anchors[:, None] + torch.arange(4) - 1).flatten()
+    torch.testing.assert_close(targets[0], b["final"][0, index] @ head.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weighting", ["dpace", "exp"])
+def test_the_speculators_recipe_gives_speculators_loss_and_gradients(spec_batch, tmp_path, weighting):
+    """The same weights and batch through the kit's ``DFlashLoss`` under ``--dflash-recipe speculators`` and through
+    speculators' ``DFlashDraftModel.forward`` (``ce`` loss, eager; D-PACE or ``fixed-exp-decay`` γ = 4): the same loss
+    and the same gradient on every trained weight (``lm_head`` frozen in both)."""
+    from speculators.losses import resolve_loss_config
+
+    b = spec_batch
+    drafter, loss_fn = kit_dflash(b["target"], "speculators", weighting)
+    peer = speculators_from_kit(drafter, tmp_path).train()
+    assert not drafter.lm_head.weight.requires_grad and not peer.lm_head.weight.requires_grad
+    kit_loss, stats = loss_fn(b["aux"], b["ids"], b["mask"], b["final"])
+    kit_loss.backward()
+    _, peer_loss, metrics = peer(**spec_inputs(b), loss_config=resolve_loss_config("ce", "eager"), gamma=4.0,
+                                 max_anchors=valid_anchor_count(b, 4), dpace_alpha=0.5,
+                                 per_position_loss_weight="dpace" if weighting == "dpace" else "fixed-exp-decay")
+    peer_loss.backward()
+    assert float(kit_loss.detach()) == pytest.approx(float(peer_loss.detach()), rel=1e-5)
+    assert float(stats[:, 2].sum()) == float(metrics["full_acc_total"])  # the same supervised slots
+    assert float(stats[:, 1].sum()) == float(metrics["full_acc_sum"])  # the same argmax agreements
+    peer_params = dict(peer.named_parameters())
+    checked = 0
+    for name, p in drafter.named_parameters():
+        if not p.requires_grad:
+            continue
+        g, h = p.grad.flatten(), peer_params[name].grad.flatten()
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6)
+        assert float(torch.nn.functional.cosine_similarity(g, h, dim=0)) > 0.99999 or float(g.norm()) == 0
+        checked += 1
+    assert checked == len([p for p in drafter.parameters() if p.requires_grad]) > 10

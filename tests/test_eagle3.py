@@ -151,7 +151,7 @@ def test_attention_matches_a_naive_reference(drafter):
         rep = attn.n_heads // attn.n_kv
 
         def qkv(x, p):
-            from kimi_eagle.eagle3.model import apply_rope, rope_cos_sin
+            from kimi_eagle.eagle3.drafter_base import apply_rope, rope_cos_sin
 
             cos, sin = rope_cos_sin(p, attn.head_dim, attn.theta)
             q = apply_rope(attn.q_proj(x).view(b, t, attn.n_heads, -1).transpose(1, 2), cos, sin)

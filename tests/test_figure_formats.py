@@ -73,7 +73,12 @@ def cells(summary):
     """Every number of a summary as ``(section, row, field) -> value``: top-level plain values in section
     ``summary``, a dict as its own section, a list of records one row each, named by its first text field."""
     for key, value in summary.items():
-        if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+        if isinstance(value, dict) and set(value) == {"classes", "matrix"}:  # a confusion matrix: a row per class
+            for c, row in zip(value["classes"], value["matrix"]):
+                yield (key, c, "expected"), c
+                for col, n in zip(value["classes"], row):
+                    yield (key, c, col), n
+        elif isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
             for i, record in enumerate(value):
                 name = next((v for v in record.values() if isinstance(v, str)), str(i))
                 for field, v in dotted(record).items():
@@ -109,3 +114,29 @@ def test_a_collection_summary_gets_its_tables_under_its_own_name(tmp_path):
     assert (md.name, table.name) == ("responses.jsonl.summary.md", "responses.jsonl.summary.csv")
     assert_tables_hold_the_summary(path)
     assert "| http_503 | 2 |" in md.read_text()
+
+
+def test_a_confusion_matrix_is_a_table_of_its_own_in_summary_md(tmp_path):
+    """#46: the matrix is a row per expected class, a column per given label, never one JSON cell."""
+    summary = {"confusion": {"classes": ["exact", "semantic"], "matrix": [[3, 1], [0, 2]]}}
+    md, table = write_summary_tables(summary, tmp_path / "summary.json")
+    text = md.read_text()
+    assert "| expected | exact | semantic |" in text and "| exact | 3 | 1 |" in text and "| semantic | 0 | 2 |" in text
+    assert "[[3, 1]" not in text and "[[3, 1]" not in table.read_text()
+
+
+def test_summary_tables_neutralise_formulas_and_escape_markdown_but_keep_numbers(tmp_path):
+    """#47: a provider named like a formula is text in the CSV; numbers (negative ones too) stay numbers; -0.0 is 0."""
+    summary = {"by_provider": [{"provider": "=HYPERLINK(\"http://e\",\"x\")", "gap": -3.5, "n": -2},
+                               {"provider": "@SUM(A1)", "gap": -0.0, "n": 4},
+                               {"provider": "a|b\n## heading\x1b[31m", "gap": 1.0, "n": 1}]}
+    md, table = write_summary_tables(summary, tmp_path / "summary.json")
+    with open(table, newline="") as f:
+        rows = list(csv.reader(f))
+    cells = {c for r in rows for c in r}
+    assert "'=HYPERLINK(\"http://e\",\"x\")" in cells and "'@SUM(A1)" in cells
+    assert not any(c.startswith(("=", "@", "+", "\t", "\r")) for c in cells)
+    assert "-3.5" in cells and "-2" in cells and "-0.0" not in cells  # numbers stay numbers
+    text = md.read_text()
+    assert "\n## heading" not in text and "| a\\|b ## heading\\\\x1b[31m |" in text and "\x1b" not in text
+    assert "-0 " not in text and "| 0 |" in text

@@ -27,7 +27,8 @@ LIBRARY: dict[str, set[str]] = {
 APPS = "apps"
 ALLOWED: dict[str, set[str]] = {**LIBRARY, APPS: set(LIBRARY)}
 CORE_MODULES = {"kimi_eagle", "kimi_eagle.assets", "kimi_eagle.records", "kimi_eagle.io", "kimi_eagle.reuse",
-                "kimi_eagle.data_kinds"}  # data_kinds: the one data-kind vocabulary (#35)
+                "kimi_eagle.data_kinds",  # data_kinds: the one data-kind vocabulary (#35)
+                "kimi_eagle.redact"}  # redact: the one redaction of the API key, data fields included (#47)
 
 
 def module_name(path: Path) -> str:

@@ -57,7 +57,7 @@ def write(folder, **files):
 def test_every_shipped_file_loads_and_defines_a_profile_or_an_alias():
     paths = sorted(PROFILE_DIR.glob("*.toml"))
     assert [p.name for p in paths] == ["moonshot.toml", "sglang-0.5.toml", "sglang-legacy.toml", "template.toml",
-                                       "vllm-0.33.toml", "vllm-legacy.toml"]
+                                       "vllm-0.33.toml", "vllm-0.34.toml", "vllm-legacy.toml"]
     profiles, aliases = load_profiles()
     assert (profiles, aliases) == (PROFILES, ALIASES)
     for path in paths:  # a file is named after the server version it holds
@@ -84,9 +84,9 @@ def test_each_profile_carries_its_files_server_and_version():
 
 
 def test_aliases_resolve_to_their_profiles():
-    assert ALIASES == {"vllm": "vllm-0.33", "sglang": "sglang-0.5"}  # the short names are the newest versions
-    assert get_profile("vllm") is PROFILES["vllm-0.33"] and get_profile("sglang") is PROFILES["sglang-0.5"]
-    assert get_profile("vllm", spaces_between_special_tokens=False).name == "vllm-0.33"
+    assert ALIASES == {"vllm": "vllm-0.34", "sglang": "sglang-0.5"}  # the short names are the newest versions
+    assert get_profile("vllm") is PROFILES["vllm-0.34"] and get_profile("sglang") is PROFILES["sglang-0.5"]
+    assert get_profile("vllm", spaces_between_special_tokens=False).name == "vllm-0.34"
     assert SERVING_CHOICES == (*PROFILES, "sglang", "vllm")
     with pytest.raises(ValueError, match=r"unknown serving profile 'vllm-0\.1'; known: .*\(aliases: "):
         get_profile("vllm-0.1")
@@ -103,10 +103,10 @@ def test_the_cli_accepts_names_and_aliases(capsys):
 
     text = "r</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"
     answers = {}
-    for serving in ("vllm", "vllm-0.33", "vllm-legacy", "sglang", "sglang-0.5", "sglang-legacy"):
+    for serving in ("vllm", "vllm-0.34", "vllm-0.33", "vllm-legacy", "sglang", "sglang-0.5", "sglang-legacy"):
         assert main(["parse-completion", "--text", text, "--serving", serving]) == 0
         answers[serving] = capsys.readouterr().out
-    assert answers["vllm"] == answers["vllm-0.33"] != answers["vllm-legacy"]
+    assert answers["vllm"] == answers["vllm-0.34"] == answers["vllm-0.33"] != answers["vllm-legacy"]
     assert answers["sglang"] == answers["sglang-0.5"] != answers["sglang-legacy"]
     with pytest.raises(SystemExit):
         main(["parse-completion", "--text", text, "--serving", "auto"])  # auto: reconstruct only, as before

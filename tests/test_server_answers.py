@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,16 +27,15 @@ import pytest
 
 from kimi_eagle.chat.parse import ParseOptions
 from kimi_eagle.serving.answer import parse_completion
-from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.profiles import PROFILE_DIR, PROFILES, get_profile
 from kimi_eagle.serving.request import history_call_count
 from kimi_eagle.serving.sglang_answer import SglangOptions, sglang_answer
 from kimi_eagle.serving.vllm_answer import RANDOM_ID
 
 SERVERS = Path(__file__).parent / "data" / "servers"
 
-# variant of the vectors -> the profile that imitates it
-VLLM_VARIANTS = {"space": "vllm-0.33", "nospace": "vllm-0.33-nospace", "stream-space": "vllm-0.33-stream",
-                 "stream-nospace": "vllm-0.33-nospace-stream"}
+# variant of the vectors -> the suffix of the profile that imitates it (every vLLM version: 0.33, 0.34, ...)
+VLLM_VARIANTS = {"space": "", "nospace": "-nospace", "stream-space": "-stream", "stream-nospace": "-nospace-stream"}
 
 # SGLang 0.5.23: default and nospace are the same answers (its slow-tokenizer decode ignores
 # spaces_between_special_tokens); the stream variants are its streaming path
@@ -50,10 +50,10 @@ SGLANG_DROPPED_BUFFER = "SGLang's streamed detector dropped its buffer on an err
 SGLANG_OPENER_IN_REASONING = ("a section opener before </think> ends SGLang's streamed reasoning only when </think> is "
                               "not in the same chunk")
 MIN_SGLANG_ANSWERS = 2000  # status-200 answers per SGLang variant
-# (vectors file, variant) -> {case: reason}
+# (vectors file, or "vllm" for every vLLM version's, variant) -> {case: reason}
 EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
-    ("vllm-0.33.answers.jsonl.gz", "stream-space"): {"a00062": STREAM_EDGE, "a00076": STREAM_EDGE, "a00106": STREAM_EDGE, "a00201": STREAM_EDGE, "a00209": CUT_SPELLING, "a00235": STREAM_EDGE, "a00405": STREAM_EDGE, "a00439": STREAM_EDGE, "a00881": STREAM_EDGE, "a00895": STREAM_EDGE, "a01075": STREAM_EDGE, "a01095": STREAM_EDGE, "a01223": STREAM_EDGE, "a01314": STREAM_EDGE, "a01531": STREAM_EDGE, "a01589": STREAM_EDGE, "a01618": STREAM_EDGE, "a01768": STREAM_EDGE, "a01789": CUT_SPELLING, "a01844": STREAM_EDGE, "a01991": STREAM_EDGE, "a02099": STREAM_EDGE, "a02152": STREAM_EDGE, "a02222": STREAM_EDGE, "a02266": STREAM_EDGE, "a02421": STREAM_EDGE, "a02444": STREAM_EDGE, "a02459": STREAM_EDGE, "a02585": CUT_SPELLING, "a02755": STREAM_EDGE, "a02804": CUT_SPELLING, "a02827": CUT_SPELLING, "a02843": STREAM_EDGE, "a02910": STREAM_EDGE, "a02967": STREAM_EDGE},
-    ("vllm-0.33.answers.jsonl.gz", "stream-nospace"): {"a00209": CUT_SPELLING, "a01789": CUT_SPELLING, "a02585": CUT_SPELLING, "a02827": CUT_SPELLING},
+    ("vllm", "stream-space"): {"a00062": STREAM_EDGE, "a00076": STREAM_EDGE, "a00106": STREAM_EDGE, "a00201": STREAM_EDGE, "a00209": CUT_SPELLING, "a00235": STREAM_EDGE, "a00405": STREAM_EDGE, "a00439": STREAM_EDGE, "a00881": STREAM_EDGE, "a00895": STREAM_EDGE, "a01075": STREAM_EDGE, "a01095": STREAM_EDGE, "a01223": STREAM_EDGE, "a01314": STREAM_EDGE, "a01531": STREAM_EDGE, "a01589": STREAM_EDGE, "a01618": STREAM_EDGE, "a01768": STREAM_EDGE, "a01789": CUT_SPELLING, "a01844": STREAM_EDGE, "a01991": STREAM_EDGE, "a02099": STREAM_EDGE, "a02152": STREAM_EDGE, "a02222": STREAM_EDGE, "a02266": STREAM_EDGE, "a02421": STREAM_EDGE, "a02444": STREAM_EDGE, "a02459": STREAM_EDGE, "a02585": CUT_SPELLING, "a02755": STREAM_EDGE, "a02804": CUT_SPELLING, "a02827": CUT_SPELLING, "a02843": STREAM_EDGE, "a02910": STREAM_EDGE, "a02967": STREAM_EDGE},
+    ("vllm", "stream-nospace"): {"a00209": CUT_SPELLING, "a01789": CUT_SPELLING, "a02585": CUT_SPELLING, "a02827": CUT_SPELLING},
     **{("sglang-0.5.answers.jsonl.gz", variant): {
         # a bare-counter call ("2", "1") whose arguments are JSON but not an object (7, [1, 2]): inferring its
         # tool raises in SGLang's streamed detector, which then drops its whole buffer; what the buffer held at
@@ -111,22 +111,34 @@ def differing(name: str, variant: str, profile: str, tok) -> dict[str, list[str]
     return out
 
 
-def test_the_vllm_vectors_are_real_and_large_enough():
-    meta, vectors = load_vectors("vllm-0.33.answers.jsonl.gz")
-    assert meta["server"] == "vllm" and meta["version"] == "0.33.0"
+def vllm_versions() -> list[str]:
+    """The vLLM versions with a profile file (``kimi_eagle/serving/profiles/vllm-X.Y.toml``): each must come with its
+    recorded answers (``tests/data/servers/vllm-X.Y.answers.jsonl.gz``)."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("vllm-*.toml") if re.fullmatch(r"vllm-\d+\.\d+", p.stem))
+
+
+def vllm_variants(version: str) -> dict[str, str]:
+    """Variant of the vectors -> the profile of ``version`` that imitates it."""
+    return {variant: version + suffix for variant, suffix in VLLM_VARIANTS.items()}
+
+
+@pytest.mark.parametrize("version", vllm_versions())
+def test_the_vllm_vectors_are_real_and_large_enough(version):
+    meta, vectors = load_vectors(f"{version}.answers.jsonl.gz")
+    assert meta["server"] == "vllm" and meta["version"].startswith(version.removeprefix("vllm-") + ".")
     assert len(vectors) >= 2000
     for variant in VLLM_VARIANTS:
         assert sum(v["answers"][variant]["status"] == 200 for v in vectors) >= 2000
 
 
-@pytest.mark.parametrize("variant", list(VLLM_VARIANTS))
-def test_each_vllm_profile_answers_as_vllm_0_33(variant, kimi):
-    profile = VLLM_VARIANTS[variant]
+@pytest.mark.parametrize("version, variant", [(v, x) for v in vllm_versions() for x in VLLM_VARIANTS])
+def test_each_vllm_profile_answers_as_its_vllm_version(version, variant, kimi):
+    profile = vllm_variants(version)[variant]
     assert get_profile(profile).streaming == variant.startswith("stream")
-    got = differing("vllm-0.33.answers.jsonl.gz", variant, profile, kimi)
-    allowed = EXCEPTIONS.get(("vllm-0.33.answers.jsonl.gz", variant), {})
+    got = differing(f"{version}.answers.jsonl.gz", variant, profile, kimi)
+    allowed = EXCEPTIONS.get(("vllm", variant), {})
     unexplained = {case: fields for case, fields in got.items() if case not in allowed}
-    assert unexplained == {}, f"{len(unexplained)} answers differ from vLLM 0.33 ({variant})"
+    assert unexplained == {}, f"{len(unexplained)} answers differ from {version} ({variant})"
     assert set(allowed) <= set(got), "an exception no longer needed: remove it"
 
 
@@ -184,3 +196,15 @@ def test_a_server_profile_reads_another_tokenizers_ids_without_kimis_constants(p
     ids = stories.encode("Let me think.</think>Paris is sunny today.", allow_special=True)
     parsed = parse_completion(ids, stories, ParseOptions(serving=profile))
     assert parsed.n_tokens == len(ids)
+
+
+@pytest.mark.parametrize("profile, arguments", [("vllm-0.34", '{"cmd": "a  b"}'), ("vllm-0.34-nospace", '{"cmd": "ab"}')])
+def test_vllm_deletes_a_think_end_written_inside_a_calls_arguments(profile, arguments, kimi):
+    """vLLM 0.34.0 asked by hand (``/v1/chat/completions/derender`` of this completion, spaces on and off; the seeded
+    corpus has no such case): ``</think>`` inside a call's arguments is deleted, the detokenizer's spaces stay."""
+    text = ('Hmm.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.run:0<|tool_call_argument_begin|>'
+            '{"cmd": "a</think>b"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
+    ids = kimi.encode(text, allow_special=True)
+    tools = ({"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}},)
+    parsed = parse_completion(ids, kimi, ParseOptions(serving=profile, tools=tools))
+    assert [c["function"]["arguments"] for c in parsed.tool_calls] == [arguments]

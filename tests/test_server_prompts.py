@@ -19,10 +19,9 @@ import pytest
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
-from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError
 from kimi_eagle.serving.profiles import SERVING_CHOICES, get_profile
-from kimi_eagle.serving.request import preprocess_request, served_prompt_pieces
+from kimi_eagle.serving.request import preprocess_request, prompt_pieces, serve_request, served_prompt_pieces
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer
 
 SERVERS = Path(__file__).resolve().parent / "data" / "servers"
@@ -47,9 +46,8 @@ def render_ids(request: dict, profile_name: str, tok, cache: dict) -> list[int]:
     if key not in cache:
         cache[key] = get_format("kimi-k2.5", tok, tool_declaration=profile.tool_declaration), PieceEncoder(tok)
     fmt, enc = cache[key]
-    messages = normalise_messages(request["messages"])
-    messages, tools = preprocess_request(messages, request.get("tools"), profile)
-    pieces = served_prompt_pieces(fmt.prompt_pieces(messages, tools), profile, tok.special_id_by_text)
+    request, messages, tools = serve_request(request, profile)  # the server's refusals first, then its preprocessing
+    pieces = served_prompt_pieces(prompt_pieces(fmt, messages, tools, request), profile, tok.special_id_by_text)
     return list(enc.encode(pieces))
 
 
@@ -96,10 +94,12 @@ def _tokens(tok, ids: list[int], at: int) -> list[str]:
     return [tok.decode([t]) for t in ids[at:at + 6]]
 
 
+# the server versions present: every recorded prompts file, named <server>-<major>.<minor> as its profile
+EXCEPTIONS_BY_VERSION = {"vllm-0.33": VLLM_033_EXCEPTIONS, "sglang-0.5": SGLANG_05_EXCEPTIONS}
 SERVER_CASES = [
-    pytest.param("vllm-0.33.prompts.jsonl.gz", "vllm-0.33", ("vllm", "0.33.0"), VLLM_033_EXCEPTIONS, id="vllm-0.33"),
-    pytest.param("sglang-0.5.prompts.jsonl.gz", "sglang-0.5", ("sglang", "0.5."), SGLANG_05_EXCEPTIONS, id="sglang-0.5"),
-]
+    pytest.param(path.name, path.name.split(".prompts")[0], tuple(path.name.split(".prompts")[0].split("-", 1)),
+                 EXCEPTIONS_BY_VERSION.get(path.name.split(".prompts")[0], {}), id=path.name.split(".prompts")[0])
+    for path in sorted(SERVERS.glob("*.prompts.jsonl.gz"))]
 
 
 @pytest.mark.parametrize("file, profile_name, server, exceptions", SERVER_CASES)
@@ -109,7 +109,7 @@ def test_the_vectors_file_is_the_servers_and_large_enough(file, profile_name, se
         pytest.skip(f"{file} not recorded yet")
     meta, vectors = read_vectors(path)
     name, version = server
-    assert meta["server"] == name and meta["version"].startswith(version), meta
+    assert meta["server"] == name and meta["version"].startswith(version + "."), meta
     assert len(vectors) >= MIN_PROMPTS
     assert len({v["case"] for v in vectors}) == len(vectors)
     assert all(v["status"] != 200 or isinstance(v.get("prompt_ids"), list) for v in vectors)

@@ -20,7 +20,14 @@ import re
 from pathlib import Path
 
 import pytest
-from test_server_answers import MIN_SGLANG_ANSWERS, SGLANG_VARIANTS, VLLM_VARIANTS, load_vectors
+from test_server_answers import (
+    MIN_SGLANG_ANSWERS,
+    SGLANG_VARIANTS,
+    VLLM_VARIANTS,
+    load_vectors,
+    vllm_variants,
+    vllm_versions,
+)
 
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.reconstruct.record import reconstruct_record, serving_options
@@ -72,9 +79,9 @@ def roundtrip(name: str, variant: str, profile_name: str, tok, keep=lambda vecto
     return out
 
 
-@pytest.mark.parametrize("variant", list(VLLM_VARIANTS))
-def test_vllm_answers_reconstruct_to_the_engine_ids_or_say_why(variant, kimi):
-    got = roundtrip("vllm-0.33.answers.jsonl.gz", variant, VLLM_VARIANTS[variant], kimi)
+@pytest.mark.parametrize("version, variant", [(v, x) for v in vllm_versions() for x in VLLM_VARIANTS])
+def test_vllm_answers_reconstruct_to_the_engine_ids_or_say_why(version, variant, kimi):
+    got = roundtrip(f"{version}.answers.jsonl.gz", variant, vllm_variants(version)[variant], kimi)
     assert got["silent"] == 0, got
     assert sum(got.values()) >= 2000
     refused = {k for k in got if k.startswith("refused")}
@@ -112,7 +119,8 @@ def well_formed_roundtrip(name: str, variant: str, profile_name: str, tok) -> co
     return roundtrip(name, variant, profile_name, tok, keep=lambda vector: well_formed(vector, tok))
 
 
-@pytest.mark.parametrize("name,variant,profile", [("vllm-0.33.answers.jsonl.gz", v, p) for v, p in VLLM_VARIANTS.items()]
+@pytest.mark.parametrize("name,variant,profile", [(f"{version}.answers.jsonl.gz", v, p) for version in vllm_versions()
+                                                for v, p in vllm_variants(version).items()]
                          + [("sglang-0.5.answers.jsonl.gz", v, p) for v, p in SGLANG_VARIANTS.items()])
 def test_well_formed_outputs_come_back_exactly(name, variant, profile, kimi):
     got = well_formed_roundtrip(name, variant, profile, kimi)

@@ -145,8 +145,9 @@ def test_a_dflash_drafter_in_row_space_keeps_greedy_identical_and_masks_with_kim
                                                                                            prompt_lines, tmp_path):
     """#36: DFlash on tiny-kimi: its layer set (all 3 blocks of this small model), Kimi's [PAD] (163839) as the mask
     token in the model's rows, block-wise verification identical to target-only greedy decoding."""
-    from kimi_eagle.eagle3.dflash import DFlashDrafter, load_any_drafter
+    from kimi_eagle.eagle3.dflash import DFlashDrafter
     from kimi_eagle.eagle3.dflash_config import KIMI_MASK_TOKEN_ID
+    from kimi_eagle.eagle3.drafters import load_any_drafter
 
     torch.set_num_threads(1)
     target = load_target(model_dir)

@@ -13,6 +13,7 @@ from kimi_eagle.assets import REPO_ROOT, stories_dir
 from kimi_eagle.eagle3 import draft_vocab
 from kimi_eagle.eagle3.extract import extract
 from kimi_eagle.eagle3.hidden import Row, load_target
+from kimi_eagle.eagle3.losses import TTTLoss, expected_tau, soft_targets, supervised_mask
 from kimi_eagle.eagle3.model import Eagle3Drafter
 from kimi_eagle.eagle3.readers import HiddenStates
 from kimi_eagle.eagle3.speculative import generate_target_only
@@ -20,13 +21,9 @@ from kimi_eagle.eagle3.train import (
     ResumeRefused,
     TrainConfig,
     Trainer,
-    TTTLoss,
-    expected_tau,
     lr_schedule,
     param_digest,
     read_history,
-    soft_targets,
-    supervised_mask,
     train_drafter,
 )
 

@@ -16,6 +16,11 @@ CONTENT = "Once upon a time, Lily found a shiny stone. "
 REASONING = "The user wants a story; I will keep it short."
 
 
+BAD_USAGE = {"usage-negative": {"prompt_tokens": -5}, "usage-string": {"completion_tokens": "7"},
+             "usage-float": {"completion_tokens": 7.5}, "usage-huge": {"completion_tokens": 10**40},
+             "usage-bool": {"total_tokens": True}}
+
+
 def answer(record_id: str = "gen-test-1") -> dict[str, Any]:
     """The non-streaming answer, keys in OpenRouter's order (as ``kimi-eagle serve`` writes them)."""
     tokens = ["Once", " upon", " a", " time", ",", " Lily", " found", " a", " shiny", " stone", ". "]
@@ -134,6 +139,9 @@ class Upstream:
         if scenario == "surrogate":  # a cut emoji: JSON may hold a lone surrogate escape, UTF-8 cannot
             text = json.dumps(full).replace(json.dumps(CONTENT), '"a cut emoji \\ud83d here"')
             return Response(text.encode(), media_type="application/json")
+        if scenario in BAD_USAGE:  # usage counts that are not counts
+            full["usage"] = {**full["usage"], **BAD_USAGE[scenario]}
+            return Response(json.dumps(full).encode(), media_type="application/json")
         if scenario == "stall-stream":  # a few chunks, then silence (until the client gives up)
             return StreamingResponse(_stall(events[:6]), media_type="text/event-stream")
         if scenario == "endless":

@@ -314,12 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
     saved = {k: os.environ.get(k) for k in RUN_SCOPED_ENV}  # --figure-format/--dpi hold for this command only
+    from kimi_eagle.apps.reports.safe_text import VisibleStream, visible
+
+    stdout, sys.stdout = sys.stdout, VisibleStream(sys.stdout)  # a provider name's ESC or BEL never reaches the terminal raw
     try:
         return int(module.run(args) or 0)
     except (OSError, ValueError) as e:  # clear one-line errors for bad input, no deep traceback
-        print(f"kimi-eagle {args.command}: error: {e}", file=sys.stderr)
+        print(f"kimi-eagle {args.command}: error: {visible(e)}", file=sys.stderr)
         return 2
     finally:
+        sys.stdout = stdout
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -46,13 +46,15 @@ class KimiK2Instruct0905(KimiK2Instruct):
     """The 0905 template's prompt (see the module); completions as :class:`KimiK2Instruct`.
 
     Two revisions seen in providers' billed counts (docs/providers.md), off by default:
-    ``role_newline``: a ``"\n"`` after ``<|im_middle|>`` of the request's system and tool turns (a revision whose
-    role header ends in ``{% endif %}`` rather than ``{%- endif -%}``; Together, SiliconFlow);
+    ``role_newline``: a ``"\n"`` after ``<|im_middle|>`` of the request's turns whose role is in ``newline_roles``
+    (system and tool: a revision whose role header ends in ``{% endif %}`` rather than ``{%- endif -%}``; Together,
+    SiliconFlow; system alone: BaseTen);
     ``id_line``: a tool result written ``{tool_call_id}\n{content}`` and consecutive results separated by a
     ``"\n"`` (Fireworks)."""
 
     name: str = "kimi-k2-instruct-0905"
     role_newline: bool = False
+    newline_roles: tuple[str, ...] = ("system", "tool")
     id_line: bool = False
 
     def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
@@ -67,7 +69,7 @@ class KimiK2Instruct0905(KimiK2Instruct):
             if self.id_line and m["role"] == "tool" and i and messages[i - 1]["role"] == "tool":
                 out.append(("\n", TEXT))
             out += [(_opener(m["role"]), SPECIAL), (_j(m.get("name") or m["role"]), TEXT), ("<|im_middle|>", SPECIAL)]
-            if self.role_newline and m["role"] in ("system", "tool"):
+            if self.role_newline and m["role"] in self.newline_roles:
                 out.append(("\n", TEXT))
             out += self._body(m)
             out.append(("<|im_end|>", SPECIAL))

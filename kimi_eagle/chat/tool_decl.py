@@ -45,6 +45,7 @@ INDENT = "  "
 CONSTRAINTS = {"string": ("maxLength", "minLength", "pattern"), "number": ("maximum", "minimum"),
                "integer": ("maximum", "minimum"), "array": ("maxItems", "minItems")}
 _DEFS: ContextVar[set[str]] = ContextVar("defs", default=set())  # the $defs names of the function being declared
+_SELF_REF: ContextVar[list[bool]] = ContextVar("self_ref", default=[False])  # a "#" reference met in its parameters
 UNION_NAMES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean", "null": "null",
                "object": "{}", "array": "Array<any>"}
 
@@ -121,6 +122,8 @@ def ts_type(schema: Any, indent: str = "") -> str:
         ref = schema["$ref"]
         if ref != "#" and not (ref.startswith("#/$defs/") and ref.rsplit("/", 1)[-1] in _DEFS.get()):
             raise ValueError(f"unresolved reference: {ref!r}")
+        if ref == "#":
+            _SELF_REF.get()[0] = True
         return "parameters" if ref == "#" else ref.rsplit("/", 1)[-1]
     if kind == "anyOf":
         return " | ".join(ts_type(s, indent) for s in schema["anyOf"])
@@ -196,16 +199,18 @@ def function_to_typescript(fn: dict) -> str:
 
 def _function_to_typescript(fn: dict, params: dict) -> str:
     defs = params.get("$defs") or {}
-    self_ref = "#" in json.dumps(params) and '"$ref": "#"' in json.dumps(params)
-    parts = []
-    if self_ref:
-        fields = ts_object(params, "")
-        parts.append("interface parameters " + fields)
+    token = _SELF_REF.set([False])
+    try:
+        body = ts_object(params)  # a "#" reference met on the way (not one in a part never read) makes it an interface
+        self_ref = _SELF_REF.get()[0]
+    finally:
+        _SELF_REF.reset(token)
+    parts = ["interface parameters " + body] if self_ref else []
     for name, d in defs.items():
         head = _comment(d["description"], "") + "\n" if d.get("description") else ""
         parts.append(f"{head}interface {name} {ts_type(d)}")
     interfaces = "\n".join(parts)
-    signature = "parameters" if self_ref else ts_object(params)
+    signature = "parameters" if self_ref else body
     name = fn.get("name", "function")
     pieces = [interfaces, _comment(fn["description"], "") if fn.get("description") else "",
               f"type {name} = (_: {signature}) => any;"]

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import pyarrow as pa
 
-from kimi_eagle.serving.variants import chars_estimate, spaced_extra
+from kimi_eagle.serving.variants import SPACE, chars_estimate, spaced_extra
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 REASONING_KINDS = ("reasoning",)
@@ -70,7 +70,8 @@ def reasoning_billing(billed: int | None, segments: Sequence[Mapping[str, Any]],
 
 VERDICTS = ("match", "explained", "unexplained", "no_billing", "error")
 PROVIDER_CONVENTIONS = ("provider_table", "eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported",
-                        "reasoning_count_not_comparable")
+                        "reasoning_count_not_comparable", "systematic_offset")
+SYSTEMATIC_MIN = 3  # a provider whose every record (at least this many) is off by one same count: a systematic gap
 RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "tool_id_rewritten", "whitespace_stripped",
                       "replacement_char", "non_canonical_split", "args_reserialised")  # the fewest that explain win
 SPLIT_EVERY = 1000  # a non-canonical split (the engine sampled a longer segmentation): at most 1 per 1,000 tokens, >= 1
@@ -329,8 +330,11 @@ def _signed(v: int) -> str:
     return f"{v:+d}".replace("-", "−")
 
 
+COMPLETION_OFFSETS = tuple(v for v in SPACE["completion_offset"] if v)  # the table variant values
+
 REASONS = {
     "provider_table": "the provider table's count conventions for this provider (kimi_eagle/data/providers.toml)",
+    "systematic_offset": "every record of this provider is off by the same count",
     "eot_not_counted": "the provider does not count the end-of-turn token",
     "reasoning_with_think_end": "the provider's reasoning count includes </think>",
     "reasoning_not_reported": "the provider reports 0 reasoning tokens",
@@ -402,7 +406,40 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
     for row, (f, usage_error, table) in zip(out, facts):
         if f is not None:
             _judge(row, f, conventions[row["provider"]], usage_error, table)
+    _name_systematic_gaps(out)
     return pa.Table.from_pylist(out, schema=BILLING_SCHEMA).to_pandas()
+
+
+def systematic_gaps(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """``{provider: gap}`` for each provider whose every judged row (at least :data:`SYSTEMATIC_MIN`) has the same
+    nonzero ``billing_delta`` and no provider table conventions applied: one count convention of the provider, not a
+    cause per record."""
+    deltas: dict[str, set] = {}
+    sizes: Counter[str] = Counter()
+    for r in rows:
+        if r.get("billing_delta") is None or r.get("verdict") in (None, "error", "no_billing"):
+            continue
+        deltas.setdefault(r["provider"], set()).add(r["billing_delta"] if "provider_table" not in r["conventions"] else None)
+        sizes[r["provider"]] += 1
+    return {p: next(iter(d)) for p, d in deltas.items()
+            if len(d) == 1 and None not in d and next(iter(d)) != 0 and sizes[p] >= SYSTEMATIC_MIN}
+
+
+def _name_systematic_gaps(rows: list[dict[str, Any]]) -> None:
+    """Billing names the table variant that explains a systematic gap (issue 44): a provider whose every record is off
+    by the same count ``d`` is explained by one constant count convention (the variant ``completion_offset=d`` of
+    kimi_eagle/serving/variants.py), not by a non-canonical split or an unexplained residual per record."""
+    for provider, gap in systematic_gaps(rows).items():
+        mine = [r for r in rows if r["provider"] == provider and r.get("billing_delta") is not None]
+        for row in mine:
+            if row["verdict"] == "match" or "eot_not_counted" in row["conventions"]:
+                continue
+            named = f"completion_offset={gap}" if gap in COMPLETION_OFFSETS else f"a constant {_signed(gap)}"
+            row.update(verdict="explained:systematic_offset", conventions=["systematic_offset"],
+                       expected_delta=gap, unexplained_tokens=0,
+                       reason=f"billed {row['billed_completion_tokens']:,}, reconstructed {row['n_recon_tokens']:,} "
+                              f"({_signed(gap)}); {REASONS['systematic_offset']} ({len(mine)} records, all "
+                              f"{_signed(gap)}): the table variant {named} explains it, not a split per record")
 
 
 TABLE_DEFAULTS = {"completion_offset": "0", "tool_call_offset": "0", "answer_args": "as-answered", "reasoning": "counted",

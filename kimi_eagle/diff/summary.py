@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from kimi_eagle.data_kinds import REAL, SIMULATED, TOY, meta_kind, model_kind
 from kimi_eagle.diff.classify import LABELS, SUBCLASSES, VERDICTS
 from kimi_eagle.diff.run import HUNK_SCHEMA, RECORD_SCHEMA, STATUSES, DiffResult
 from kimi_eagle.records import printable_id, storable_text
@@ -44,6 +45,21 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 def data_kind(records: pd.DataFrame) -> str:
     """``"simulated"`` when the diff carries expected labels (``kimi-eagle simulate``), else ``"real"``."""
     return "simulated" if "expected" in records and records["expected"].notna().any() else "real"
+
+
+def diff_data_kind(records: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """``(kind, why)``: what a diff's data are, from its provenance: the kind its ``meta.json`` states (the notebook
+    and ``kimi-eagle diff`` write it), else ``simulated`` when the records carry expected labels, else ``toy`` when
+    the meta names a toy model or tokenizer (stories260K, tiny-kimi), else ``real``."""
+    meta = meta if isinstance(meta, Mapping) else {}
+    if kind := meta_kind(dict(meta)):
+        return kind, "its meta.json says so"
+    if data_kind(records) == SIMULATED:
+        return SIMULATED, "its records carry the expected labels of `kimi-eagle simulate`"
+    for field in ("model", "engine_model", "tokenizer"):
+        if isinstance(meta.get(field), str) and model_kind(meta[field]) == TOY:
+            return TOY, f"its meta.json names the toy model {meta[field]!r}"
+    return REAL, "no expected labels and no toy model named"
 
 
 # --------------------------------------------------------------------------------------------

@@ -124,11 +124,12 @@ class AblationSettings:
     steps: int = 120
     ttt_steps: int = 7
     batch_size: int = 8
-    lr: float = 3e-3
+    lr: float | None = None  # None: each drafter's recipe default (kimi_eagle.eagle3.recipes)
     draft_vocab_size: int = 256
     k: int = 4  # drafts per round (DFlash: at most block_size - 1)
-    block_size: int = 8  # DFlash arms: anchor + mask tokens per block (kimi_eagle.eagle3.dflash_config)
-    draft_layers: int = 1  # DFlash arms: decoder layers
+    block_size: int | None = None  # DFlash arms: anchor + mask tokens per block (None: the recipe's)
+    draft_layers: int | None = None  # DFlash arms: decoder layers (None: the recipe's)
+    dflash_recipe: str = "kit"  # DFlash arms: kit | speculators | zlab (kimi_eagle.eagle3.recipes)
     max_new_tokens: int = 48
     temperatures: tuple[float, ...] = (0.0, 1.0)
     n_boot: int = 2000
@@ -150,11 +151,14 @@ class AblationSettings:
                            batch_size=self.batch_size, lr=self.lr, draft_vocab_size=self.draft_vocab_size, seed=seed,
                            log_every=max(1, self.steps // 20), save_every=max(1, self.steps // 2), resume=True,
                            progress=False, online=online, drafter=drafter, block_size=self.block_size,
-                           draft_layers=self.draft_layers)
+                           draft_layers=self.draft_layers, dflash_recipe=self.dflash_recipe)
 
     def k_of(self, arm: Arm) -> int:
         """Drafts per round of ``arm``'s drafter: ``k``, for DFlash at most ``block_size - 1``."""
-        return min(self.k, self.block_size - 1) if arm.drafter == "dflash" else self.k
+        from kimi_eagle.eagle3.recipes import recipe
+
+        block = self.block_size or recipe("dflash", self.dflash_recipe).block_size
+        return min(self.k, block - 1) if arm.drafter == "dflash" else self.k
 
     def reference_of(self, arm: Arm) -> str:
         """The arm ``arm`` is compared with: the reference arm's condition with ``arm``'s drafter."""

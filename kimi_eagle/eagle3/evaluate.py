@@ -20,9 +20,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from kimi_eagle.eagle3.dflash import DFlashDrafter, DFlashProposer, load_any_drafter
+from kimi_eagle.eagle3.dflash import DFlashDrafter, DFlashProposer
+from kimi_eagle.eagle3.drafter_base import read_config_json
+from kimi_eagle.eagle3.drafters import load_any_drafter
 from kimi_eagle.eagle3.hidden import check_prompts, load_target, token_ids
-from kimi_eagle.eagle3.model import read_config_json
 from kimi_eagle.eagle3.row_space import id_space, model_ids, target_id_map
 from kimi_eagle.eagle3.speculative import (
     CachedTarget,

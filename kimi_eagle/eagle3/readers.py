@@ -25,6 +25,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from kimi_eagle.assets import sha256_file
+from kimi_eagle.eagle3.drafter_base import read_config_json
 from kimi_eagle.eagle3.hidden import Row, load_rows
 from kimi_eagle.eagle3.layers import check_layer_ids, default_layer_ids
 from kimi_eagle.eagle3.layouts import (
@@ -39,7 +40,6 @@ from kimi_eagle.eagle3.layouts import (
     row_names,
     speculators_path,
 )
-from kimi_eagle.eagle3.model import read_config_json
 from kimi_eagle.eagle3.quant import dequantize_fp8
 
 
@@ -443,7 +443,7 @@ class SpeculatorsHiddenStates(_LayoutReader):
     def __init__(self, hidden_dir: str | Path, target: str | Path, rows: Sequence[Row] | None = None):
         from safetensors import safe_open
 
-        from kimi_eagle.eagle3.model import target_tensor
+        from kimi_eagle.eagle3.drafter_base import target_tensor
 
         super().__init__(Path(hidden_dir), target)
         source = (self.own_manifest or {}).get("rows_source")

@@ -37,11 +37,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from kimi_eagle.eagle3 import draft_vocab
-from kimi_eagle.eagle3.model import Eagle3Drafter, read_config_json, shift_left, target_tensor
+from kimi_eagle.eagle3 import draft_vocab, recipes
+from kimi_eagle.eagle3.drafter_base import read_config_json, target_tensor
+from kimi_eagle.eagle3.losses import expected_tau
 from kimi_eagle.eagle3.readers import check_hidden_finite, open_hidden_states
 from kimi_eagle.eagle3.row_space import id_space, target_id_map
 from kimi_eagle.io import JsonlAppender, atomic_path, read_jsonl, write_json, write_jsonl
@@ -56,7 +56,7 @@ class TrainConfig:
     ttt_steps: int = 7
     step_weight: float = 0.8
     batch_size: int = 8  # rows per process per optimizer step
-    lr: float = 3e-3
+    lr: float | None = None  # None: the drafter's recipe (kimi_eagle.eagle3.recipes: EAGLE-3 3e-3, DFlash kit 1e-2)
     warmup: float = 0.05  # fraction of steps
     weight_decay: float = 0.0
     grad_clip: float = 0.5
@@ -71,60 +71,12 @@ class TrainConfig:
     online: bool = False  # compute the target's hidden states in each step instead of reading shards
     layer_ids: list[int] | None = None  # online only: aux block-output ids (default: EAGLE-3's)
     drafter: str = "eagle3"  # "eagle3" (chain, training-time test) or "dflash" (block drafter, kimi_eagle.eagle3.dflash)
-    block_size: int = 8  # dflash only: anchor + mask tokens per block (kimi_eagle.eagle3.dflash_config.BLOCK_SIZE)
-    draft_layers: int = 1  # dflash only: decoder layers of the drafter
-
-
-# ------------------------------------------------------------------------------------------
-# loss
-
-
-class TTTLoss(nn.Module):
-    """The drafter plus its training objective, so that one ``forward`` is one DDP step."""
-
-    def __init__(self, drafter: Eagle3Drafter, target_head: torch.Tensor, steps: int, step_weight: float):
-        super().__init__()
-        self.drafter = drafter
-        self.register_buffer("target_head", target_head, persistent=False)  # [Vd, H] rows of the target lm_head
-        self.steps, self.step_weight = steps, step_weight
-        self.stat_rows = steps  # rows of the per-step statistics forward returns
-
-    def forward(self, aux, input_ids, loss_mask, final):
-        """Returns ``(loss, stats)``; ``stats[k] = (weighted CE sum, correct, supervised)`` of step k."""
-        logits_per_step = self.drafter.unroll(aux, input_ids, self.steps)
-        loss = aux.new_zeros((), dtype=torch.float)
-        stats = []
-        for k, logits in enumerate(logits_per_step):
-            with torch.no_grad():
-                p = soft_targets(shift_left(final, 1 + k).float(), self.target_head)
-            mask = supervised_mask(loss_mask, k)
-            ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-            n = mask.sum()
-            step_loss = (ce * mask).sum() / n.clamp(min=1)
-            loss = loss + self.step_weight**k * step_loss
-            correct = ((logits.argmax(-1) == p.argmax(-1)).float() * mask).sum()
-            stats.append(torch.stack([(ce * mask).sum().detach(), correct, n]))
-        return loss, torch.stack(stats)
-
-
-def soft_targets(final: torch.Tensor, target_head_rows: torch.Tensor) -> torch.Tensor:
-    """The target's next-token distribution restricted to the draft vocabulary and renormalised."""
-    return torch.softmax(final @ target_head_rows.float().T, dim=-1)
-
-
-def supervised_mask(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
-    """Float mask [B,T] of the positions supervised at unroll ``step``: ``loss_mask[t + 2 + step]``."""
-    return shift_left(loss_mask, 2 + step).float()
-
-
-def expected_tau(acc: Sequence[float]) -> float:
-    """Acceptance length if step ``k`` is accepted with probability ``acc[k]`` given all earlier ones were:
-    ``1 + sum_k prod_{j<=k} acc[j]``."""
-    tau, run = 1.0, 1.0
-    for a in acc:
-        run *= a
-        tau += run
-    return tau
+    block_size: int | None = None  # dflash only: anchor + mask tokens per block (None: the recipe's)
+    draft_layers: int | None = None  # dflash only: decoder layers of the drafter (None: the recipe's)
+    dflash_recipe: str = "kit"  # dflash only: kit | speculators | zlab (kimi_eagle.eagle3.recipes)
+    dflash_weighting: str | None = None  # dflash only: power | exp | dpace (None: the recipe's)
+    dflash_gamma: float | None = None  # dflash only: γ of exp(-(j-1)/γ) (None: the recipe's, 4)
+    max_anchors: int | None = None  # dflash only: sampled anchors per step (None: the recipe's; 0: every anchor)
 
 
 # ------------------------------------------------------------------------------------------
@@ -387,6 +339,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, world: int = 1, rank: int = 0):
+        cfg = recipes.resolve(cfg)  # the recipe's defaults for what cfg leaves None (before any checkpoint comparison)
         self.cfg, self.world, self.rank = cfg, world, rank
         self.data = open_training_data(cfg)
         self.vocab = draft_vocabulary(self.data, cfg.draft_vocab_size)
@@ -414,22 +367,17 @@ class Trainer:
 
             self.module = DistributedDataParallel(self.loss, broadcast_buffers=False)
 
-    def _build_drafter(self) -> tuple[Eagle3Drafter, TTTLoss]:
+    def _build_drafter(self):
+        """The drafter and its loss (:func:`kimi_eagle.eagle3.recipes.build_drafter`)."""
         cfg = self.cfg
         target_config = SimpleNamespace(**read_config_json(Path(cfg.target) / "config.json", "target config"))  # no transformers import
-        lm_head = target_tensor(cfg.target, "lm_head.weight")
+        mask = None
         if cfg.drafter == "dflash":
-            from kimi_eagle.eagle3.dflash import BlockSpec, build_dflash
             from kimi_eagle.eagle3.dflash_config import mask_token_id
 
-            block = BlockSpec(cfg.block_size, mask_token_id(cfg.target), cfg.draft_layers)
-            return build_dflash(target_config, target_tensor(cfg.target, "embed_tokens.weight"), lm_head, self.vocab,
-                                self.data.layer_ids, block, cfg.step_weight, cfg.seed)
-        if cfg.drafter != "eagle3":
-            raise ValueError(f"unknown drafter {cfg.drafter!r}: eagle3 or dflash")
-        drafter = Eagle3Drafter.from_target_weights(target_config, target_tensor(cfg.target, "embed_tokens.weight"),
-                                                    lm_head, self.vocab, self.data.layer_ids, seed=cfg.seed)
-        return drafter, TTTLoss(drafter, lm_head[self.vocab.draft_to_target].float(), cfg.ttt_steps, cfg.step_weight)
+            mask = mask_token_id(cfg.target)
+        return recipes.build_drafter(cfg, target_config, target_tensor(cfg.target, "embed_tokens.weight"),
+                                     target_tensor(cfg.target, "lm_head.weight"), self.vocab, self.data.layer_ids, mask)
 
     @property
     def end_step(self) -> int:
@@ -532,6 +480,8 @@ class Trainer:
         ``finished``, ``world_size``, ``online``, ``token_ids``, ``draft_vocab``, ``layer_ids``, ``data_skipped``
         and ``train_tokens_per_s`` (all ranks' tokens over :meth:`run`'s time; None when no step ran)."""
         return {"start": self.start, "start_note": self.start_note, "out": str(self.out), "step": self.step, "finished": self.finished, "world_size": self.world, "online": self.cfg.online,
+                "drafter": self.cfg.drafter, "dflash_recipe": self.cfg.dflash_recipe if self.cfg.drafter == "dflash" else None,
+                "lr": self.cfg.lr,
                 "token_ids": self.token_ids, "draft_vocab": self.vocab.report(),
                 "layer_ids": list(self.data.layer_ids), "data_skipped": self.data.manifest.get("read_skipped_by_reason", {}),
                 "train_tokens_per_s": round(self.tokens * self.world / self.seconds, 1) if self.tokens and self.seconds else None}

@@ -270,6 +270,11 @@ def _openai(conv: _Conversation, item: dict) -> Iterator[dict]:
     if is_api_log(item) or "choices" in item:
         yield api_record_from_log(item, conv.source)
         return
+    if "request" in item and "messages" not in item:
+        got = next((f"`{k}` is {'null' if item[k] is None else 'a ' + type(item[k]).__name__}" for k in
+                    ("response", "completion") if k in item), "no `response` object")
+        raise ConvertError(f"a request logged without its response ({got}): log the answer beside it, as "
+                           '{"request": {...}, "response": {...}}')
     for m in item["messages"]:
         if m.get("role") == "assistant":
             reasoning = m.get("reasoning_content") or m.get("reasoning")
@@ -332,7 +337,8 @@ def _reason(e: Exception, source_name: str) -> str:
     if isinstance(e, ConvertError):
         return str(e)
     if isinstance(e, KeyError):
-        return f"missing field {e.args[0]!r} (is this a {source_name} file? check --from)"
+        article = "an" if source_name[:1] in "aeiou" else "a"
+        return f"missing field {e.args[0]!r} (is this {article} {source_name} file? check --from)"
     if isinstance(e, RecursionError):
         return f"nested more than {MAX_DEPTH} levels deep"
     return f"{type(e).__name__}: {e}"

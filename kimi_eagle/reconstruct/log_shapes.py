@@ -13,7 +13,10 @@ Accepted (one object per JSONL line, or the items of a JSON array for ``kimi-eag
 The id is the record's own string ``id``; without one, the response's ``id`` (the provider's generation id,
 ``chatcmpl-…``/``gen-…``); without either, ``log:`` and 16 hex digits of the SHA-256 of the request and
 response (stable across reruns); ``id_from`` says which (``"response.id"`` / ``"content sha256"``). A bare
-response (no request) is refused with a message: its prompt cannot be rendered. Raises
+response (no request) is refused with a message: its prompt cannot be rendered; so is a request logged without its
+response, and usage whose counts are not counts (:func:`response_shape_problem`). With ``OPENROUTER_API_KEY`` set,
+a provider or model name holding the key is replaced by a marker and named in ``key_redacted``
+(:func:`kimi_eagle.redact.redact_key_fields`). Raises
 :class:`LogShapeError` for anything else.
 """
 from __future__ import annotations
@@ -23,7 +26,8 @@ import json
 from typing import Any
 
 from kimi_eagle.reconstruct.stream import MAX_CHOICES
-from kimi_eagle.reconstruct.usage import usage_shape_problem
+from kimi_eagle.reconstruct.usage import usage_count_problems
+from kimi_eagle.redact import redact_key_fields
 
 RESPONSE_KEYS = ("response", "completion")
 RECORD_KEYS = ("id", "dataset", "request", "error", "id_from", *RESPONSE_KEYS)  # not request fields when flat
@@ -65,7 +69,9 @@ def _request(item: dict, response: dict) -> dict:
 
 
 def response_shape_problem(response: dict) -> str | None:
-    """Why a logged response's choices or usage cannot be read as they are (see the module docstring), or None."""
+    """Why a logged response's choices or usage cannot be read as they are (see the module docstring), or None:
+    usage counts that are negative, not integers (``"7"`` included), not finite or beyond 10**9 are named, never
+    stored as billed (:func:`~kimi_eagle.reconstruct.usage.usage_count_problems`)."""
     choices = response.get("choices")
     seen: set[int] = set()
     for i, choice in enumerate(choices if isinstance(choices, list) else []):
@@ -79,7 +85,7 @@ def response_shape_problem(response: dict) -> str | None:
         logprobs = choice.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, dict):
             return f"choices[{i}].logprobs is a {type(logprobs).__name__}, not an object"
-    return usage_shape_problem(response.get("usage"))
+    return "; ".join(usage_count_problems(response.get("usage"))) or None  # shape, then every count
 
 
 def api_record_from_log(item: Any, dataset: str | None = None) -> dict:
@@ -107,7 +113,7 @@ def api_record_from_log(item: Any, dataset: str | None = None) -> dict:
     if dataset is not None:
         record["dataset"] = dataset
     record.update(request=request, response=response)
-    return record
+    return redact_key_fields(record)  # a key inside response.provider or .model: replaced and named
 
 
 def as_api_record(record: Any) -> Any:
@@ -117,7 +123,7 @@ def as_api_record(record: Any) -> Any:
     is (an error row: a reconstructed row has no place to say its id was made; ``convert`` makes and records one)."""
     if not is_api_log(record) or (isinstance(record.get("id"), str) and isinstance(record.get("request"), dict)
                                   and isinstance(record.get("response"), dict)):
-        return record
+        return redact_key_fields(record)
     try:
         shaped = api_record_from_log(record)
     except LogShapeError:

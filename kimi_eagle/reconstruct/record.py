@@ -34,15 +34,16 @@ from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
 from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
 from kimi_eagle.reconstruct.usage import usage_details
 from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
+from kimi_eagle.redact import KEY_FLAG
 from kimi_eagle.serving.profile import ServingProfile
 from kimi_eagle.serving.profiles import PROFILES, get_profile
 from kimi_eagle.serving.provider_table import (
     completion_side_explained,
     entry_applies,
+    entry_flags,
     record_entry,
-    unexplained_sides,
 )
-from kimi_eagle.serving.request import preprocess_request, served_prompt_pieces
+from kimi_eagle.serving.request import prompt_pieces, serve_request, served_prompt_pieces
 from kimi_eagle.serving.unserve import unserve_turn
 from kimi_eagle.serving.variants import (
     COUNT_DIMENSIONS,
@@ -285,7 +286,7 @@ def _prompt_pieces(request: dict, messages: list[dict], fmt: Format, tok: Tokeni
     try:
         if variant is not None:
             return variant_prompt_pieces(messages, request.get("tools"), fmt.name, variant, serving, tok) or []
-        return fmt.prompt_pieces(messages, request.get("tools"))
+        return prompt_pieces(fmt, messages, request.get("tools"), request)  # as the server renders it
     except RecordError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as e:
@@ -327,8 +328,9 @@ def _count_conventions(entry: Any) -> list[str]:
 
 
 def _table_flags(entry: Any) -> list[str]:
-    """``provider_table_<side>_unexplained`` for each side the table entry that rendered the row does not explain."""
-    return [f"provider_table_{side}_unexplained" for side in unexplained_sides(entry)]
+    """``provider_table_<side>_unexplained`` for each side the table entry that rendered the row does not explain,
+    ``provider_table_thin`` for an entry explained on thin evidence (:func:`~kimi_eagle.serving.provider_table.entry_flags`)."""
+    return entry_flags(entry)
 
 
 def _served(record: dict, messages: list[dict], tools: list | None, options: CompletionOptions, fmt: Format,
@@ -349,8 +351,8 @@ def _served(record: dict, messages: list[dict], tools: list | None, options: Com
     serving = getattr(options, "serving", None)
     if serving is None or serving == PROFILES["template"]:
         return request, messages, options, fmt, None
-    messages, served_tools = preprocess_request(messages, tools, serving)
-    request = {**request, "tools": served_tools} if served_tools is not None else request
+    request, messages, served_tools = serve_request(request, serving)  # its refusals first (request_rules)
+    request = {**request, "tools": served_tools} if served_tools is not None or "tools" in request else request
     return request, messages, options, fmt, None
 
 
@@ -383,13 +385,16 @@ def _declaring(fmt: Format, tool_declaration: str) -> Format:
     return fmt if fmt.tools_ts is wanted else replace(fmt, tools_ts=wanted)
 
 
-def _prompt_flags(marker: bool, fmt: Format, tools: Any) -> list[str]:
-    """``prompt_literal_marker`` (marker text in the request kept as text) and ``tool_declaration_json_fallback``
-    (``fmt`` declares TypeScript tools, but Moonshot's conversion fails on ``tools``: JSON was declared)."""
+def _prompt_flags(marker: bool, fmt: Format, request: dict) -> list[str]:
+    """``prompt_literal_marker`` (marker text in the request kept as text), ``tool_declaration_json_fallback``
+    (``fmt`` declares TypeScript tools, but Moonshot's conversion fails on them: JSON was declared) and
+    ``lone_surrogate_replaced`` (the server read a lone surrogate in a message as U+FFFD)."""
     from kimi_eagle.chat.tool_decl import typescript_or_none
 
+    tools, served = request.get("tools"), request.get("_served") if isinstance(request.get("_served"), dict) else {}
     fallback = bool(tools) and getattr(fmt, "tools_ts", None) is typescript_or_none and typescript_or_none(tools) is None
-    return ["prompt_literal_marker"] * bool(marker) + ["tool_declaration_json_fallback"] * fallback
+    return (["prompt_literal_marker"] * bool(marker) + ["tool_declaration_json_fallback"] * fallback
+            + ["lone_surrogate_replaced"] * bool(served.get("surrogates_replaced")))
 
 
 def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: CompletionOptions = ReconstructOptions(),
@@ -422,7 +427,7 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     flags = (reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
              + _table_flags(entry))
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None), variant)
-    flags += _prompt_flags(prompt_marker, fmt, request.get("tools"))
+    flags += _prompt_flags(prompt_marker, fmt, request)
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
     check_encodable((s.text for s in segments), response, "response", "the completion")
     completion_ids, spans, marker = enc.encode_segments_marked(segments, continuation=fmt.continuation)
@@ -440,6 +445,8 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     flags = seg_flags + flags + logprob_flags
     if "args_not_json" not in flags and any(not strict_json(call.arguments) for call in turn.tool_calls):
         flags.append("args_not_json")  # NaN / Infinity, which Python's json accepts and JSON does not
+    if record.get("key_redacted"):
+        flags.append(KEY_FLAG)  # the API key was in response.provider or .model: replaced by a marker
     return ReconstructedRow(
         id=rid, dataset=dataset if isinstance(dataset, str) else None, status="ok", error=None, format=fmt.name,
         prompt_ids=prompt_ids, completion_ids=completion_ids, n_prompt_tokens=len(prompt_ids),

@@ -37,6 +37,12 @@ from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 RECORDED = "real_api/kimi_recorded_exchanges.jsonl"  # under the assets' data/
 DATASET = "real_api"
+AGENT_TRACES = "real_api/kimi_agent_traces.jsonl"  # a coding agent's real traffic: 11 real tools (issue 44)
+AGENT_DATASET = "agent_traces"
+CORPORA = {DATASET: RECORDED, AGENT_DATASET: AGENT_TRACES}  # dataset -> file under data/; reported separately
+# The agent traces' out-of-sample split (issue 44): learned on these tests of the agent, scored on the others.
+AGENT_LEARN_TESTS = ("simple_test", "read_a_file", "update_a_file", "download_tool")
+AGENT_SCORE_TESTS = ("bash_tool", "fetch_tool", "glob_tool")
 API_FORMATS = ("openai-chat-completions", "bedrock-converse")
 # model name (without a "vendor/" or Bedrock "moonshot." prefix) -> the kit's chat format
 MODEL_FORMATS = {
@@ -85,10 +91,16 @@ def chat_format(model: Any) -> str | None:
     return MODEL_FORMATS.get(name.removeprefix("moonshot."))
 
 
-def recorded_path(explicit: str | os.PathLike | None = None) -> Path:
-    """Where the recorded exchanges are (``explicit`` is an assets root); :class:`~kimi_eagle.assets.AssetError`
-    naming every place searched when they are nowhere."""
-    return data_path(RECORDED, explicit)
+def recorded_path(explicit: str | os.PathLike | None = None, dataset: str = DATASET) -> Path:
+    """Where the recorded exchanges of ``dataset`` (:data:`CORPORA`) are (``explicit`` is an assets root);
+    :class:`~kimi_eagle.assets.AssetError` naming every place searched when they are nowhere."""
+    return data_path(CORPORA[dataset], explicit)
+
+
+def source_test(ex: Exchange) -> str:
+    """The agent test an exchange was recorded by: the file name of its ``source.path`` without ``.yaml``."""
+    path = ex.source.get("path") if isinstance(ex.source, dict) else None
+    return str(path).rpartition("/")[2].removesuffix(".yaml") if path else ""
 
 
 def _problem(obj: Any) -> str | None:
@@ -122,10 +134,12 @@ def _exchange(obj: dict, line: int) -> Exchange:
                     extra={k: v for k, v in obj.items() if k not in known})
 
 
-def load_exchanges(path: str | os.PathLike | None = None, assets: str | os.PathLike | None = None) -> list[Exchange]:
-    """Every exchange of the recorded file (``path``, else found under ``assets`` by the resolver), read in
-    place; :class:`ExchangeError` naming the line for a line that is not JSON or not an exchange, or a repeated id."""
-    path = Path(path) if path is not None else recorded_path(assets)
+def load_exchanges(path: str | os.PathLike | None = None, assets: str | os.PathLike | None = None,
+                   dataset: str = DATASET) -> list[Exchange]:
+    """Every exchange of the recorded file (``path``, else ``dataset``'s file found under ``assets`` by the
+    resolver), read in place; :class:`ExchangeError` naming the line for a line that is not JSON or not an
+    exchange, or a repeated id."""
+    path = Path(path) if path is not None else recorded_path(assets, dataset)
     out: list[Exchange] = []
     first_line: dict[str, int] = {}
     for line in read_jsonl(path):
@@ -139,8 +153,8 @@ def load_exchanges(path: str | os.PathLike | None = None, assets: str | os.PathL
     return out
 
 
-def _refused(ex: Exchange, fmt: str | None, reason: str) -> dict:
-    return {"id": ex.id, "dataset": DATASET, "format": fmt, "error": reason}
+def _refused(ex: Exchange, fmt: str | None, reason: str, dataset: str = DATASET) -> dict:
+    return {"id": ex.id, "dataset": dataset, "format": fmt, "error": reason}
 
 
 def _converted(ex: Exchange) -> dict:
@@ -166,23 +180,35 @@ def _converted(ex: Exchange) -> dict:
         return {"error": str(e)}
 
 
-def exchange_record(ex: Exchange) -> dict:
-    """The kit's API record of one exchange, or ``{"id", "dataset", "format", "error"}`` (see the module)."""
+def exchange_record(ex: Exchange, dataset: str = DATASET) -> dict:
+    """The kit's API record of one exchange, or ``{"id", "dataset", "format", "error"}`` (see the module);
+    ``dataset``: the corpus it comes from (:data:`CORPORA`)."""
     fmt = chat_format(ex.model)
     if fmt is None:
-        return _refused(ex, None, f"no chat format known for model {ex.model!r} (known: {', '.join(MODEL_FORMATS)})")
+        return _refused(ex, None, f"no chat format known for model {ex.model!r} (known: {', '.join(MODEL_FORMATS)})",
+                        dataset)
     if ex.request is None:
-        return _refused(ex, fmt, "no request recorded (the fixture kept only the answer): the prompt cannot be rendered")
-    record = _converted(ex)
+        return _refused(ex, fmt, "no request recorded (the fixture kept only the answer): the prompt cannot be rendered",
+                        dataset)
+    try:
+        record = _converted(ex)
+    except Exception as e:  # noqa: BLE001 - one exchange the converters did not foresee never stops a corpus
+        record = {"error": f"unexpected {type(e).__name__}: {e}"[:300]}
     if "error" in record:
-        return _refused(ex, fmt, record["error"])
+        return _refused(ex, fmt, record["error"], dataset)
     response = {**record["response"], "provider": ex.provider}
-    return {"id": record["id"], "dataset": DATASET, "format": fmt,
+    return {"id": record["id"], "dataset": dataset, "format": fmt,
             **{k: v for k, v in record.items() if k not in ("id", "dataset")}, "response": response}
 
 
 # --------------------------------------------------------------------------------------------
 # Measuring: reconstructed counts against the billed ones
+
+
+def corpus_records(dataset: str = DATASET, assets: str | os.PathLike | None = None) -> tuple[list[Exchange], list[dict]]:
+    """The exchanges of one corpus (:data:`CORPORA`) and their API records, in order (refused ones included)."""
+    exchanges = load_exchanges(assets=assets, dataset=dataset)
+    return exchanges, [exchange_record(ex, dataset) for ex in exchanges]
 
 
 def _billed(record: dict, key: str) -> int | None:

@@ -39,3 +39,37 @@ def usage_shape_problem(usage: Any) -> str | None:
     wrong = [f"usage.{name} is a {type(usage[name]).__name__}, not an object" for name in DETAIL_FIELDS
              if usage.get(name) is not None and not isinstance(usage[name], dict)]
     return "; ".join(wrong) or None
+
+
+MAX_USAGE_COUNT = 10**9  # tokens in one answer's usage: no model's context comes near; more is a broken count
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
+
+
+def usage_count_problems(usage: Any) -> list[str]:
+    """Why the counts of ``usage`` cannot be stored as billed (empty when they can): each of ``prompt_tokens``,
+    ``completion_tokens``, ``total_tokens`` and every ``*_tokens`` of its details must be a whole number (an
+    integer, never a string such as ``"7"``, a float or a boolean) from 0 to :data:`MAX_USAGE_COUNT`, and ``cost`` a
+    finite number from 0. Usage given in another shape is :func:`usage_shape_problem`'s.
+
+    >>> usage_count_problems({"prompt_tokens": -5, "completion_tokens": "7", "cost": float("inf")})
+    ['usage.prompt_tokens is -5, not a count (a whole number 0..10**9)', "usage.completion_tokens is '7', not a count (a whole number 0..10**9)", 'usage.cost is inf, not a finite cost from 0']
+    """
+    if shape := usage_shape_problem(usage):
+        return [shape]
+    usage = _object(usage)
+    fields = [(f"usage.{name}", usage[name]) for name in USAGE_COUNTS if usage.get(name) is not None]
+    for detail in DETAIL_FIELDS:
+        fields += [(f"usage.{detail}.{k}", v) for k, v in _object(usage.get(detail)).items()
+                   if str(k).endswith("_tokens") and v is not None]
+    problems = [f"{name} is {_shown(v)}, not a count (a whole number 0..10**9)" for name, v in fields
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_USAGE_COUNT]
+    cost = usage.get("cost")
+    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)
+                             or cost < 0):
+        problems.append(f"usage.cost is {_shown(cost)}, not a finite cost from 0")
+    return problems

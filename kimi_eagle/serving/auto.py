@@ -333,7 +333,7 @@ def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any
     applies = entry_applies(entry) and template_format(entry.variant.template, format_name) is not None
     return {"provider": entry.provider, "model": entry.model, "period": scope(entry.period, entry.deployment),
             "status": entry.status,
-            "variant": entry.variant.describe(), "records": 0, "applied": applies,
+            "variant": entry.variant.describe(), "records": 0, "applied": applies, "table_records": entry.records,
             "unexplained_sides": unexplained_sides(entry),
             "figures": {k: list(v) for k, v in entry.figures.items()}, "residuals": dict(entry.residuals)}
 

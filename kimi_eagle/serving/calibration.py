@@ -25,9 +25,9 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError, count_field
-from kimi_eagle.serving.periods import deployment_of, in_period, period_of, scope  # noqa: F401 (re-exported)
+from kimi_eagle.serving.periods import day_of, deployment_of, in_period, period_label, period_of, scope  # noqa: F401 (re-exported)
 from kimi_eagle.serving.profiles import get_profile
-from kimi_eagle.serving.provider_table import EXPLAINED
+from kimi_eagle.serving.provider_table import EXPLAINED, REDACTED, redact
 from kimi_eagle.serving.request import deep_sort, served_prompt_pieces
 from kimi_eagle.serving.variants import (
     COMPLETION_DIMENSIONS,
@@ -106,20 +106,21 @@ class VariantCounts:
                 self._rest[key] = None
         return self._rest[key]
 
-    def tool_turn(self, record: dict, profile_name: str, tools: str, schema: str, template: str = "format") -> int:
+    def tool_turn(self, record: dict, profile_name: str, tools: str, schema: str, template: str = "format",
+                  escape: str = "none") -> int:
         """The tool declaration turn's tokens (0 without tools)."""
         declared = (record.get("request") or {}).get("tools")
         if not declared:
             return 0
         if record["id"] not in self._tool_keys:
             self._tool_keys[record["id"]] = json.dumps(declared, sort_keys=False)
-        key = (self._tool_keys[record["id"]], record["format"], profile_name, tools, schema, template)
+        key = (self._tool_keys[record["id"]], record["format"], profile_name, tools, schema, template, escape)
         if key not in self._tools:
             profile = get_profile(profile_name)
             shaped = SCHEMAS[schema](declared)
             if profile.sort_tools:
                 shaped = deep_sort(shaped)
-            text = declaration(shaped, tools, record["format"], profile.tool_declaration, template)
+            text = declaration(shaped, tools, record["format"], profile.tool_declaration, template, escape)
             self._tools[key] = self._count(tool_block(text), profile)
         return self._tools[key]
 
@@ -159,7 +160,7 @@ class VariantCounts:
         rest = self.prompt_rest(record, v.profile, tuple(getattr(v, d) for d in REST_DIMENSIONS))
         if rest is None:
             return None
-        turn = self.tool_turn(record, v.profile, v.tools, v.schema, v.template)
+        turn = self.tool_turn(record, v.profile, v.tools, v.schema, v.template, v.json_escape)
         return (rest + turn + (v.tool_turn_offset if turn else 0) + v.prompt_offset
                 + v.history_call_offset * history_calls(record["request"].get("messages")))
 
@@ -226,7 +227,7 @@ def _deltas(counts: VariantCounts, records: Iterable[dict], v: Variant, kind: st
     return out
 
 
-TOOL_DIMENSIONS = ("tools", "schema")
+TOOL_DIMENSIONS = ("tools", "schema", "json_escape")
 
 
 def _simplest_first(dims: Sequence[str]) -> list[tuple]:
@@ -253,7 +254,7 @@ def _best_prompt(counts: VariantCounts, records: list[dict], profile: str) -> tu
                       lambda rest: tuple(counts.prompt_rest(r, profile, rest) for r, _, _ in rows))
     best: tuple[int, tuple, Variant] | None = None
     tool_sets = {template: _distinct(_simplest_first(TOOL_DIMENSIONS), lambda tool, t=template: tuple(
-        counts.tool_turn(r, profile, *tool, t) for r, _, _ in rows)) for template in {rest[0] for rest, _ in rests}}
+        counts.tool_turn(r, profile, tool[0], tool[1], t, tool[2]) for r, _, _ in rows)) for template in {rest[0] for rest, _ in rests}}
     for rest, rest_counts in rests:
         for (tool, tool_counts), per_call, per_turn in product(tool_sets[rest[0]], SPACE["history_call_offset"],
                                                                SPACE["tool_turn_offset"]):
@@ -348,27 +349,37 @@ def _equal(counts: VariantCounts, records: list[dict], v: Variant) -> int:
 
 
 def _periods(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list[dict]]]:
-    """The group's records as one period (``all``), or split by month where the counts change: months fitted
-    apart, consecutive months with the same variant merged; the split is kept only when it makes at least two
-    more counts equal than one variant for the whole group."""
-    months: dict[str, list[dict]] = {}
+    """The group's records as one period (``all``), or split in time where the server changed: the records' days
+    (``response.created``) in order, each fitted apart, then the two neighbouring runs whose merge loses the fewest
+    equal counts merged, again and again, while a merge loses fewer than two (a split must make at least two more
+    counts equal than one variant for both runs: a run is never kept for one record's sake). Periods are labelled
+    by month where a run's neighbours lie in other months, by day where a server changed mid-month
+    (:func:`~kimi_eagle.serving.periods.period_label`). Undated records join the last run (the latest period, where
+    they are looked up)."""
+    days: dict[str, list[dict]] = {}
     for r in records:
-        months.setdefault(period_of(r), []).append(r)
+        days.setdefault(day_of(r), []).append(r)
+    undated = days.pop("undated", [])  # looked up in the latest period: they join the last run
     whole = [("all", records)]
-    if len(months) < 2:
+    if len(days) < 2:
         return whole
-    merged: list[tuple[list[str], Variant, list[dict]]] = []
-    for month in sorted(months):
-        v = fit_group(counts, months[month])
-        if merged and merged[-1][1] == v:
-            merged[-1][0].append(month)
-            merged[-1][2].extend(months[month])
-        else:
-            merged.append(([month], v, list(months[month])))
-    split = sum(_equal(counts, rs, v) for _, v, rs in merged)
-    if len(merged) < 2 or split < _equal(counts, records, fit_group(counts, records)) + 2:
+    runs = [list(rs) for _, rs in sorted(days.items())]
+    runs[-1] += undated
+
+    def own(rs: list[dict]) -> int:
+        return _equal(counts, rs, fit_group(counts, rs))
+
+    while len(runs) > 1:
+        losses = [own(a) + own(b) - own(a + b) for a, b in zip(runs, runs[1:])]
+        i = min(range(len(losses)), key=lambda k: (losses[k], len(runs[k]) + len(runs[k + 1])))
+        if losses[i] >= 2:
+            break
+        runs[i:i + 2] = [runs[i] + runs[i + 1]]
+    if len(runs) < 2:
         return whole
-    return [(m[0] if len(m) == 1 else f"{m[0]}..{m[-1]}", rs) for m, _, rs in merged]
+    spans = [sorted({day_of(r) for r in rs} - {"undated"}) for rs in runs]
+    return [(period_label(span, spans[k - 1][-1] if k else None, spans[k + 1][0] if k + 1 < len(spans) else None), rs)
+            for k, (span, rs) in enumerate(zip(spans, runs))]
 
 
 def _deployments(counts: VariantCounts, records: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -390,39 +401,180 @@ def _figures(counts: VariantCounts, records: list[dict], v: Variant) -> dict[str
     return {kind: Side.of(_deltas(counts, records, v, kind)) for kind in ("prompt", "completion")}
 
 
+# The evidence rule: an entry is ``explained`` only when its variant makes at least EXPLAINED of each side equal in
+# sample, on at least MIN_RECORDS billed records a side, the variant learned on the learning half scores at least
+# EXPLAINED of each side of the held-out half (at least MIN_HELD_OUT records a side), and every constant offset it
+# uses is produced by a named mechanism (variants.MECHANISMS). An entry whose sides are explained in sample but that
+# misses any of these is ``thin``: ``--serving auto`` renders its records with the best variant and flags them
+# ``provider_table_thin``. Otherwise it is ``unexplained``.
+MIN_RECORDS = 10
+MIN_HELD_OUT = 3
+STATUS_RULE = (f"explained: each side >= {EXPLAINED:.0%} equal in sample on >= {MIN_RECORDS} billed records, the "
+               f"variant learned on the other half >= {EXPLAINED:.0%} equal on the held-out half (>= {MIN_HELD_OUT} "
+               "records a side), and every constant offset produced by a named mechanism; thin: explained in sample "
+               "but short of that; unexplained: a side under the share")
+
+# Which half a record is in: True for the held-out half (default: :func:`held_out`, a hash of the id).
+Split = Callable[[dict], bool]
+
+
+def evidence_status(inside: dict[str, Side], outside: dict[str, Side], v: Variant) -> tuple[str, list[str]]:
+    """``(status, reasons)``: ``explained``, ``thin`` (reasons: what the evidence lacks) or ``unexplained`` (reasons:
+    the sides under the share) under :data:`STATUS_RULE`."""
+    unexplained = [kind for kind, side in inside.items() if not side.explained]
+    if unexplained:
+        return "unexplained", unexplained
+    short = [f"{kind} rests on {side.compared} record(s) (< {MIN_RECORDS})" for kind, side in inside.items()
+             if side.compared < MIN_RECORDS]
+    short += [f"held-out {kind} {side.equal}/{side.compared}" for kind, side in outside.items()
+              if side.compared < MIN_HELD_OUT or not side.explained]
+    short += [f"offset {o} has no named mechanism" for o in v.unnamed_offsets()]
+    return ("thin" if short else "explained"), short
+
+
 def calibrate_period(counts: VariantCounts, provider: str, model: str, period: str, records: list[dict],
-                     deployment: str = "any") -> dict:
-    """One row of the provider table: the variant fitted on all ``records`` with its in-sample figures, and the
-    variant fitted on the learning half scored on the held-out half."""
+                     deployment: str = "any", split: Split | None = None) -> dict:
+    """One row of the provider table: the variant fitted on all ``records`` with its in-sample figures, the
+    variant fitted on the learning half scored on the held-out half (``split``), and its status under
+    :data:`STATUS_RULE` (``reasons``: what makes it thin or unexplained)."""
+    split = split or (lambda r: held_out(r["id"]))
     v = fit_group(counts, records)
-    learn = [r for r in records if not held_out(r["id"])]
-    test = [r for r in records if held_out(r["id"])]
+    learn = [r for r in records if not split(r)]
+    test = [r for r in records if split(r)]
     learned = fit_group(counts, learn) if learn else Variant()
     inside, outside = _figures(counts, records, v), _figures(counts, test, learned)
-    unexplained = [kind for kind, side in inside.items() if not side.explained]
+    status, reasons = evidence_status(inside, outside, v)
     return {"provider": provider, "model": model, "period": period, "deployment": deployment,
             "records": len(records), "variant": v,
             "in_sample": inside, "held_out": outside, "held_out_variant": learned,
-            "status": "unexplained" if unexplained else "explained", "unexplained": unexplained,
+            "status": status, "reasons": reasons, "unexplained": reasons if status == "unexplained" else [],
             "tools": {flag: _figures(counts, [r for r in records if has_tools(r) == flag], v) for flag in (False, True)}}
 
 
-def calibrate(records: Iterable[dict], counts: VariantCounts) -> list[dict]:
+def group_key(r: dict) -> tuple[str, str]:
+    """(provider, model) of a record, the API key replaced by a marker where a field holds it (:func:`key_in_data`)."""
+    response = r.get("response") or {}
+    return (redact(str(response.get("provider") or "unknown"))[0],
+            redact(str(response.get("model") or r.get("format") or "unknown"))[0])
+
+
+def key_in_data(r: Any) -> bool:
+    """Whether the record's ``response.provider`` or ``response.model`` holds the API key (flag ``api_key_in_data``)."""
+    response = r.get("response") if isinstance(r, dict) else None
+    fields = [str(response.get(k) or "") for k in ("provider", "model")] if isinstance(response, dict) else []
+    return any(redact(f)[1] or REDACTED in f for f in fields)  # the key, or the marker a converter put in its place
+
+
+def usable(r: Any) -> str | None:
+    """Why a record cannot be calibrated (None when it can)."""
+    if not isinstance(r, dict):
+        return "not a record"
+    if r.get("error"):
+        return str(r["error"])[:200]
+    if not isinstance(r.get("request"), dict):
+        return "no request"
+    return None
+
+
+def calibrate(records: Iterable[dict], counts: VariantCounts, split: Split | None = None) -> list[dict]:
     """:func:`calibrate_period` of every (provider, model, period) of ``records`` (the kit's API records, with
-    ``response.provider``; records with an ``error`` are left out), sorted by provider, model and period."""
+    ``response.provider``; records with an ``error`` are left out: :func:`account` says which), sorted by provider,
+    model and period."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        if not isinstance(r, dict) or r.get("error") or not isinstance(r.get("request"), dict):
-            continue
-        response = r.get("response") or {}
-        key = (str(response.get("provider") or "unknown"), str(response.get("model") or r.get("format") or "unknown"))
-        groups.setdefault(key, []).append(r)
+        if usable(r) is None:
+            groups.setdefault(group_key(r), []).append(r)
     rows = []
     for (provider, model), members in sorted(groups.items()):
         for period, rs in _periods(counts, members):
             for deployment, ds in _deployments(counts, rs):
-                rows.append(calibrate_period(counts, provider, model, period, ds, deployment))
+                rows.append(calibrate_period(counts, provider, model, period, ds, deployment, split))
     return rows
+
+
+def screen(records: Iterable[Any], counts: VariantCounts) -> tuple[list[dict], Counter]:
+    """``(the records calibration can use, Counter of why each other one is refused)``: a record is refused when it
+    is no API record with a request, or when rendering or counting it under the default variant raises anything (one
+    record never aborts a log). Every record is one or the other."""
+    ok, left = [], Counter()
+    for r in records:
+        reason = usable(r)
+        if reason is None:
+            try:
+                counts.prompt(r, Variant())
+                counts.completion_count(r, Variant())
+            except Exception as e:  # noqa: BLE001 - a record the checks did not foresee is refused, not fatal
+                reason = f"unexpected {type(e).__name__}: {e}"[:200]
+        if reason is None:
+            ok.append(r)
+        else:
+            left[reason] += 1
+    return ok, left
+
+
+def score(counts: VariantCounts, rows: list[dict], records: Iterable[dict]) -> dict[str, tuple[int, int]]:
+    """Out of sample: ``records`` scored under the variants of ``rows`` (learned on other records), each record
+    under its group's row (its provider, model, period and deployment; a group the rows lack counts as compared
+    and not equal). ``{"prompt_tools", "prompt_no_tools", "completion"}`` -> (equal, compared)."""
+    out = {"prompt_no_tools": [0, 0], "prompt_tools": [0, 0], "completion": [0, 0]}
+    for r in records:
+        if usable(r) is not None:
+            continue
+        row = row_for(rows, r)
+        for kind, name in (("prompt", "prompt_tools" if has_tools(r) else "prompt_no_tools"), ("completion", "completion")):
+            deltas = _deltas(counts, [r], row["variant"], kind) if row else [None] * (billed(r, f"{kind}_tokens") is not None)
+            out[name][0] += sum(d == 0 for d in deltas)
+            out[name][1] += len(deltas)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def row_for(rows: list[dict], record: dict) -> dict | None:
+    """The calibrated row a record falls in: its provider and model, the period holding its day (else the latest),
+    its fingerprint family (else ``any``)."""
+    provider, model = group_key(record)
+    mine = [r for r in rows if r["provider"] == provider and r["model"] == model]
+    family = deployment_of(record)
+    mine = [r for r in mine if r.get("deployment", "any") == family] or [r for r in mine if r.get("deployment", "any") == "any"] or mine
+    day = day_of(record)
+    dated = [r for r in mine if day != "undated" and in_period(day, r["period"])]
+    return (dated or sorted(mine, key=lambda r: r["period"])[-1:] or [None])[0]
+
+
+def residuals(counts: VariantCounts, rows: list[dict], records: Iterable[dict]) -> list[dict]:
+    """Per provider and request size (billed prompt tokens: < 4k, 4k-8k, 8k-16k, >= 16k), the prompt and completion
+    residuals (billed − reconstructed) under each record's row: ``provider``, ``size``, ``n``, ``prompt`` and
+    ``completion`` (Counter of residuals)."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in records:
+        row = row_for(rows, r) if usable(r) is None else None
+        if row is None:
+            continue
+        size = _size(billed(r, "prompt_tokens"))
+        cell = out.setdefault((row["provider"], size), {"provider": row["provider"], "size": size, "n": 0,
+                                                          "prompt": Counter(), "completion": Counter()})
+        cell["n"] += 1
+        for kind in ("prompt", "completion"):
+            for d in _deltas(counts, [r], row["variant"], kind):
+                cell[kind]["n/a" if d is None else d] += 1
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], SIZES.index(k[1])))]
+
+
+SIZES = ("< 4k", "4k-8k", "8k-16k", ">= 16k", "unbilled")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "unbilled"
+    return SIZES[0] if n < 4000 else SIZES[1] if n < 8000 else SIZES[2] if n < 16000 else SIZES[3]
+
+
+def distribution(c: Counter) -> str:
+    """A residual Counter as ``0 x12, -1 x3, +415 x2`` (most common first, at most six values)."""
+    if not c:
+        return "-"
+    parts = [f"{k if isinstance(k, str) else f'{k:+d}'} x{n}" for k, n in c.most_common(6)]
+    rest = sum(c.values()) - sum(n for _, n in c.most_common(6))
+    return ", ".join(parts) + (f", others x{rest}" if rest else "")
 
 
 TOTAL_NAMES = ("prompt_no_tools", "prompt_tools", "completion", "held_out_prompt", "held_out_completion")
@@ -446,6 +598,7 @@ def totals(rows: Iterable[dict]) -> dict[str, tuple[int, int]]:
 # --------------------------------------------------------------------------------------------
 # The provider table as text: unexplained providers first, then the explained ones, then the corpus totals
 
+STATUS_ORDER = ("unexplained", "thin", "explained")
 HEADER = ("provider", "model", "period", "n", "variant", "prompt", "completion", "held-out prompt",
           "held-out completion", "residual")
 
@@ -461,12 +614,15 @@ def _pct(pair: tuple[int, int]) -> str:
 
 def table_rows(rows: Iterable[dict]) -> list[tuple[str, ...]]:
     """One tuple of cells per calibrated row, unexplained rows first (each naming its residual)."""
-    ordered = sorted(rows, key=lambda r: (r["status"] != "unexplained", r["provider"], r["model"], r["period"]))
+    ordered = sorted(rows, key=lambda r: (STATUS_ORDER.index(r["status"]), r["provider"], r["model"], r["period"]))
     out = []
     for r in ordered:
         inside, outside = r["in_sample"], r["held_out"]
         residual = "; ".join(f"{kind} {inside[kind].residual()}" for kind in r["unexplained"])
-        variant = r["variant"].describe() if r["status"] == "explained" else f"UNEXPLAINED (best: {r['variant'].describe()})"
+        variant = r["variant"].describe() if r["status"] == "explained" else \
+            f"{r['status'].upper()} (best: {r['variant'].describe()})"
+        if r["status"] == "thin":
+            residual = "thin: " + "; ".join(r.get("reasons", []))
         out.append((r["provider"], r["model"], scope(r["period"], r.get("deployment", "any")), str(r["records"]), variant, _pair(inside["prompt"]),
                     _pair(inside["completion"]), _pair(outside["prompt"]), _pair(outside["completion"]),
                     residual or "-"))
@@ -487,6 +643,11 @@ def table_text(rows: list[dict], skipped: int = 0) -> str:
                    if r["status"] == "unexplained"]
     if unexplained:
         lines.append(f"unexplained by any variant: {'; '.join(unexplained)}")
+    thin = [f"{r['provider']} ({r['model']}, {scope(r['period'], r.get('deployment', 'any'))}, {r['records']} records)"
+            for r in rows if r["status"] == "thin"]
+    if thin:
+        lines.append(f"thin evidence (rendered with the best variant, rows flagged provider_table_thin): {'; '.join(thin)}")
+    lines.append(f"rule: {STATUS_RULE}")
     if skipped:
         lines.append(f"{skipped} record(s) left out (not an API record, no request, or no known chat format)")
     return "\n".join(lines)

@@ -30,7 +30,12 @@ def describe_use(use: dict[str, Any]) -> str:
                 "its group's own evidence decides")
     if not use["applied"]:
         return f"{where}: provider table variant {use['variant']} does not apply to this format ({n}): its group decides"
-    return f"{where}: provider table variant {use['variant']} ({figures}) ({n})"
+    if use["status"] == "thin":
+        return (f"{where}: THIN provider table variant {use['variant']} ({figures}; rests on "
+                f"{use.get('table_records', '?')} calibrated record(s)) ({n}): rendered with it, rows flagged "
+                "provider_table_thin")
+    return f"{where}: provider table variant {use['variant']} ({figures}; rests on {use.get('table_records', '?')} " \
+           f"calibrated record(s)) ({n})"
 
 
 def serving_by_provider(rows: Any) -> dict[str, dict[str, int]] | None:
@@ -98,7 +103,9 @@ def _use_row(u: dict[str, Any]) -> dict[str, Any]:
     if unexplained:
         chosen = f"UNEXPLAINED (best: {u['variant']}): its group's own evidence decides"
     else:
-        chosen = f"{u['variant']} (provider table{'' if u['applied'] else ': not for this format, its group decides'})"
+        thin = ", THIN: rows flagged provider_table_thin" if u["status"] == "thin" else ""
+        chosen = (f"{u['variant']} (provider table{'' if u['applied'] else ': not for this format, its group decides'}"
+                  f"{thin}; rests on {u.get('table_records', '?')} calibrated record(s))")
     residual = "; ".join(f"{k} {v}" for k, v in u["residuals"].items() if v != "-" and "+0 (range +0..+0)" not in v)
     return {"provider": u["provider"], "scope": f"{u['model']} ({u['period']})", "chosen": chosen,
             "prompt": _pair(u["figures"].get("prompt")), "completion": _pair(u["figures"].get("completion")),

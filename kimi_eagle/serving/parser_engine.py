@@ -36,6 +36,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     ("reasoning", SECTION): "preamble", ("content", SECTION): "preamble",
     ("preamble", CALL): "name", ("between", CALL): "name", ("name", ARG): "args",
     ("args", CALL_END): "between", ("args", SECTION_END): "preamble",
+    ("args", THINK_END): "args",  # vLLM 0.34 deletes </think> written inside a call's arguments (issue 43)
     ("preamble", SECTION_END): "preamble", ("between", SECTION_END): "preamble",
 }
 TEXT_OF_STATE = {"reasoning": "reasoning", "content": "content", "name": "name", "args": "args"}

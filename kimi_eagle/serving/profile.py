@@ -52,6 +52,13 @@ class ServingProfile:
     server version whose answers :mod:`kimi_eagle.serving.vllm_answer` reproduces from its recorded vectors
     (``vllm-0.33``: decode with ``spaces_between_special_tokens``, the parser engine in text mode, or in ID
     mode when ``streaming``); the fields from ``split_on`` to ``strip_reasoning`` are then not read.
+    ``request_rules``: ``none`` (every request the template accepts is rendered) or the server version whose
+    request checks and message handling :func:`kimi_eagle.serving.request.serve_request` applies first (a request
+    that server refuses is an error row naming its reason: :mod:`kimi_eagle.serving.sglang_request`,
+    :mod:`kimi_eagle.serving.vllm_request`).
+    ``tool_id_type``: the id vLLM makes up for a call whose header has no ``:N`` (``random``:
+    ``chatcmpl-tool-<random>``, what it gives other model types; ``kimi_k2``: ``functions.HEADER:N``, N counting the
+    made-up ids from 0, what it gives Kimi model types such as K2.5's ``kimi_k25``).
     ``stream_profile``: the profile of the same server's streaming path (a streamed record, one whose converted
     record has a ``stream`` entry, is reconstructed with it).
     """
@@ -81,6 +88,8 @@ class ServingProfile:
     tool_ids: str = "auto"
     spaces_between_special_tokens: bool = False
     answer_rules: str = "legacy"
+    request_rules: str = "none"
+    tool_id_type: str = "random"
     stream_profile: str = ""
     server: str = ""
     version: str = ""
@@ -106,6 +115,8 @@ CHOICES: dict[str, tuple] = {
     "unterminated_call": ("keep", "drop"), "name_rule": ("after_prefix", "last_dot"), "id_chars": ("any", "word_dot"),
     "id_rule": ("model", "sglang"), "tool_ids": ("auto", "normalise", "keep"),
     "answer_rules": ("legacy", "vllm-0.33", "sglang-0.5"),
+    "request_rules": ("none", "vllm-0.33", "vllm-0.34", "sglang-0.5"),
+    "tool_id_type": ("random", "kimi_k2"),
 }
 
 

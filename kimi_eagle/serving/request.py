@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, Piece
+from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError
 from kimi_eagle.serving.profile import ServingProfile
 
@@ -43,7 +45,7 @@ def _reserialised(arguments: Any, profile: ServingProfile, where: str) -> Any:
         except ValueError:
             rule = profile.invalid_arguments
     if rule == "reject":
-        raise RecordError(f"{where}: the {profile.name} server refuses these arguments ({arguments!r:.40})")
+        raise RecordError(f"{profile.name} would answer 400: {where}: it refuses these arguments ({arguments!r:.40})")
     if rule == "verbatim":
         return arguments
     return {} if rule == "empty_object" else value
@@ -155,3 +157,108 @@ def history_call_count(messages: list[dict]) -> int:
     """Tool calls in the request's assistant messages (SGLang's ``history_tool_calls_cnt``)."""
     return sum(len(m.get("tool_calls") or []) for m in messages
                if isinstance(m, dict) and m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list))
+
+
+def _request_rules(name: str) -> tuple[Any, Any]:
+    """``(check, served)`` of a server version's request side: its refusals, then what it hands on."""
+    if name == "sglang-0.5":
+        from kimi_eagle.serving import sglang_request as rules
+    else:
+        from kimi_eagle.serving import vllm_request as rules
+    return rules.check, rules.served_request
+
+
+def serve_request(request: dict, profile: ServingProfile) -> tuple[dict, list[dict], list | None]:
+    """``(request, messages, tools)`` as ``profile``'s server hands them to the template: its request checks first
+    (``request_rules``: a refused request is a RecordError ``<profile> would answer <status>: <reason>``), then
+    the kit's message normalisation and :func:`preprocess_request`."""
+    if profile.request_rules != "none":
+        check, served = _request_rules(profile.request_rules)
+        try:
+            request = served(check(request))
+        except ValueError as e:
+            status = getattr(e, "status", 400)
+            raise RecordError(f"{profile.name} would answer {status}: {e}") from None
+        request = _surrogates_replaced(request)
+    messages = normalise_messages(request.get("messages"))
+    tools = request.get("tools")
+    if isinstance(request.get(SERVED), dict) and request[SERVED].get("no_tools"):
+        tools = None  # tool_choice "none": the server declares no tools
+    if tools is not None and not isinstance(tools, list):
+        raise RecordError("request.tools is not a list")
+    messages, tools = preprocess_request(messages, tools, profile)
+    return request, messages, tools
+
+
+SERVED = "_served"  # what a server version decided about a request beyond its messages (request_rules)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _replaced(value: Any) -> tuple[Any, bool]:
+    """``value`` with every lone surrogate in its strings replaced by U+FFFD, and whether one was (a copy where so;
+    request JSON is depth-bounded where it is read)."""
+    if isinstance(value, str):
+        return (_LONE_SURROGATE.sub("\ufffd", value), True) if _LONE_SURROGATE.search(value) else (value, False)
+    if isinstance(value, list):
+        pairs = [_replaced(v) for v in value]
+        return ([v for v, _ in pairs], True) if any(c for _, c in pairs) else (value, False)
+    if isinstance(value, dict):
+        pairs = {k: _replaced(v) for k, v in value.items()}
+        return ({k: v for k, (v, _) in pairs.items()}, True) if any(c for _, c in pairs.values()) else (value, False)
+    return value, False
+
+
+def _surrogates_replaced(request: dict) -> dict:
+    """Both servers read a lone surrogate in a message (valid JSON, not valid Unicode) as U+FFFD; the request says
+    so under ``_served`` (flag ``lone_surrogate_replaced`` on the row)."""
+    messages, changed = _replaced(request.get("messages"))
+    if not changed:
+        return request
+    served = request.get(SERVED) if isinstance(request.get(SERVED), dict) else {}
+    return {**request, "messages": messages, SERVED: {**served, "surrogates_replaced": True}}
+
+
+def prompt_pieces(fmt: Any, messages: list[dict], tools: list | None, request: dict) -> list[Piece]:
+    """The prompt pieces as the server renders them: the template settings the request passed
+    (``chat_template_kwargs`` ``thinking`` and ``preserve_thinking``, for formats that have them); without the
+    generation prompt where the request asks (``add_generation_prompt: false``); a final message continued
+    (``continue_final_message``: the prompt ends where that message's text ends, RecordError where the text is not
+    in the prompt); or the text of a continued assistant message after the generation prompt (SGLang's
+    ``assistant_prefix``, opened with ``</think>`` where the prompt leaves a reasoning block open)."""
+    served = request.get(SERVED) if isinstance(request.get(SERVED), dict) else {}
+    settings = {k: served[k] for k in ("thinking", "preserve_thinking")
+                if isinstance(served.get(k), bool) and hasattr(fmt, k)}
+    if settings:
+        fmt = replace(fmt, **settings)
+    pieces = list(fmt.prompt_pieces(messages, tools))
+    if served.get("add_generation_prompt") is False or served.get("continue_final_message"):
+        ends = [i for i, piece in enumerate(pieces) if piece == ("<|im_end|>", SPECIAL)]
+        pieces = pieces[:ends[-1] + 1] if ends else pieces
+    if served.get("continue_final_message"):
+        return _continued(pieces, messages)
+    prefix = served.get("assistant_prefix")
+    if isinstance(prefix, str) and prefix:
+        opener = ""
+        pieces.append((opener + prefix, CONTENT))
+    return pieces
+
+
+def _continued(pieces: list[Piece], messages: list[dict]) -> list[Piece]:
+    """The rendered prompt cut right after the final message's text (Hugging Face's ``continue_final_message``),
+    as one string the server tokenizes whole."""
+    final = (messages[-1].get("content") or "") if messages else None  # no content: the server's empty text
+    if isinstance(final, list):
+        texts = [p.get("text") for p in final if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        final = texts[-1] if texts else None
+    if not isinstance(final, str):
+        raise RecordError("continue_final_message: the final message has no text to continue")
+    if not final.strip():  # nothing to find: the prompt ends where the final message's (empty) text would
+        ends = [i for i, piece in enumerate(pieces) if piece == ("<|im_end|>", SPECIAL)]
+        return [("".join(t for t, _ in (pieces[:ends[-1]] if ends else pieces)), CONTENT)]
+    text = "".join(t for t, _ in pieces)
+    at = text.rfind(final.strip())
+    if at < 0:
+        raise RecordError("continue_final_message: the final message's text is not in the rendered prompt")
+    kept = len(final.lstrip()) if text[at:at + len(final.lstrip())] == final else len(final.strip())
+    cut = at + kept
+    return [(text[:cut], CONTENT)]

@@ -20,8 +20,8 @@ on the rendered prompt pieces, or on counts:
     ``template`` (what the format and profile do: JSON with spaces for K2-Instruct and K2-Thinking, the
     profile's ``tool_declaration`` for K2.5, the 0905 heading and JSON under ``template = k2-0905``), ``json`` (``tojson``: ``", "`` and ``": "``), ``json-compact``
     (``","`` and ``":"``, the K2.5 template's default), ``ts`` (Moonshot's TypeScript declaration,
-    :mod:`kimi_eagle.chat.tool_decl`, for every Kimi format) or ``k2-0905`` (the 0905 template's ``# Tools``
-    heading and JSON, with any template).
+    :mod:`kimi_eagle.chat.tool_decl`, for every Kimi format), ``k2-0905`` (the 0905 template's ``# Tools``
+    heading and JSON, with any template) or ``k2-0905-compact`` (that heading over compact JSON; DeepInfra).
 ``schema``
     what the server's request model does to the tool schemas before the template sees them: ``as-sent``,
     ``no-strict`` (``function.strict`` dropped), ``vllm`` / ``vllm-no-strict`` (vLLM's pydantic
@@ -29,6 +29,12 @@ on the rendered prompt pieces, or on counts:
     extra keys such as ``strict``, kept or dropped}), ``sglang`` (SGLang's ``tool.function.model_dump()``: the
     function object alone, keys ``description``, ``name``, ``parameters``, ``strict``) or ``sorted`` (every
     object's keys sorted, as Moonshot's ``deep_sort_dict``).
+``json_escape``
+    how the JSON of a JSON declaration is escaped: ``none`` (transformers' ``tojson``: nothing, non-ASCII kept) or
+    ``html`` (Jinja's builtin ``tojson``, ``htmlsafe_json_dumps``: ``<``, ``>``, ``&``, ``'`` written ``\\u003c``,
+    ``\\u003e``, ``\\u0026``, ``\\u0027``; a server rendering the template with a Jinja whose ``tojson`` is HTML-safe:
+    Jinja2's also sorts keys, ``schema = sorted``, MiniJinja's keeps them; Groq on real tools, whose descriptions
+    are full of ``<tags>``: +868 tokens on the agent's 11 tools, nothing on the toy tools).
 ``system``
     the system turn when the request has none: ``template`` (as the format does: K2-Instruct and
     K2-Thinking insert ``You are Kimi, an AI assistant created by Moonshot AI.``, K2.5 inserts nothing),
@@ -53,8 +59,11 @@ on the rendered prompt pieces, or on counts:
     them) or ``details`` (OpenRouter's ``reasoning_details`` texts joined become the ``reasoning_content`` of a
     turn without one; AtlasCloud's K2.5).
 ``role_newline``
-    ``none`` or ``system-tool``: a ``"\n"`` after ``<|im_middle|>`` of the request's system and tool turns (a
-    revision of the 0905 template, ``template = k2-0905`` only).
+    ``none``, ``system-tool`` (a ``"\n"`` after ``<|im_middle|>`` of the request's system and tool turns: a
+    revision of the 0905 template whose role header ends in ``{% endif %}`` rather than ``{%- endif -%}``; Together,
+    SiliconFlow, Chutes) or ``system`` (after the system turn's only: BaseTen, whose every prompt the kit rendered
+    one token short with the plain 0905 template, first and history turns alike, where ``system-tool`` leaves its
+    history requests one token over per tool result); ``template = k2-0905`` only.
 ``tool_result``
     ``template`` or ``id-line``: tool results written ``{tool_call_id}\n{content}``, consecutive results
     separated by a ``"\n"`` (``template = k2-0905`` only; Fireworks).
@@ -97,7 +106,7 @@ from typing import Any, Callable, Sequence
 
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, Turn, tojson
 from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, Format, Message, get_format
-from kimi_eagle.chat.k2_0905 import KimiK2Instruct0905, declaration_0905
+from kimi_eagle.chat.k2_0905 import TOOLS_HEADING, KimiK2Instruct0905, declaration_0905
 from kimi_eagle.chat.tool_decl import typescript_or_none
 from kimi_eagle.serving.profile import ServingProfile
 from kimi_eagle.serving.request import deep_sort, preprocess_request
@@ -106,14 +115,15 @@ from kimi_eagle.serving.request import deep_sort, preprocess_request
 SPACE: dict[str, tuple[Any, ...]] = {
     "profile": ("template", "moonshot", "vllm-0.33", "sglang-0.5"),
     "template": ("format", "k2-0905"),
-    "tools": ("template", "json", "json-compact", "ts", "k2-0905", "json-lines"),
+    "tools": ("template", "json", "json-compact", "ts", "k2-0905", "json-lines", "k2-0905-compact"),
     "schema": ("as-sent", "no-strict", "vllm", "vllm-no-strict", "sglang", "sorted"),
+    "json_escape": ("none", "html"),
     "system": ("template", "default", "none"),
     "history_ids": ("as-sent", "counter", "calls-counter"),
     "history_args": ("as-sent", "spaced", "compact", "spaced-float"),
     "history_content": ("as-sent", "openai-repr"),
     "history_reasoning": ("as-sent", "details"),
-    "role_newline": ("none", "system-tool"),
+    "role_newline": ("none", "system-tool", "system"),
     "tool_result": ("template", "id-line"),
     "prompt_offset": (0, -1, 1, -2, 2),
     "history_call_offset": (0, 1, -1),
@@ -127,11 +137,19 @@ SPACE: dict[str, tuple[Any, ...]] = {
 }
 REST_DIMENSIONS = ("template", "system", "history_ids", "history_args", "history_content", "history_reasoning",
                    "role_newline", "tool_result")  # the prompt without its tool turn
-PROMPT_DIMENSIONS = (*REST_DIMENSIONS, "tools", "schema", "prompt_offset", "history_call_offset", "tool_turn_offset")
+PROMPT_DIMENSIONS = (*REST_DIMENSIONS, "tools", "schema", "json_escape", "prompt_offset", "history_call_offset", "tool_turn_offset")
+NEWLINE_ROLES = {"system-tool": ("system", "tool"), "system": ("system",)}  # role_newline -> the turns it changes
 TEMPLATE_0905_ONLY = ("role_newline", "tool_result")  # revisions of the 0905 template: with template = k2-0905 only
 COUNT_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "reasoning", "tool_answer")
 COMPLETION_DIMENSIONS = (*COUNT_DIMENSIONS, "answer_text")  # answer_text changes the IDs, the others only counts
 REASONING_KINDS = frozenset({"reasoning", "think_begin", "think_end"})
+OFFSET_DIMENSIONS = ("prompt_offset", "history_call_offset", "tool_turn_offset", "completion_offset", "tool_call_offset")
+# The constant offsets a named mechanism produces (a token the server adds or leaves out, a count convention). Any
+# other offset value is a bare constant: searched, but costlier than a mechanism, and an entry resting on one is
+# ``thin`` at best (kimi_eagle.serving.calibration.STATUS_RULE).
+MECHANISMS: dict[tuple[str, int], str] = {
+    ("completion_offset", -1): "eot-not-billed: the end-of-turn token <|im_end|> is generated but not billed",
+}
 
 
 @dataclass(frozen=True)
@@ -142,6 +160,7 @@ class Variant:
     template: str = "format"
     tools: str = "template"
     schema: str = "as-sent"
+    json_escape: str = "none"
     system: str = "template"
     history_ids: str = "as-sent"
     history_args: str = "as-sent"
@@ -176,9 +195,20 @@ class Variant:
                 if f.name != "profile" and getattr(self, f.name) != SPACE[f.name][0]}
 
     def cost(self) -> tuple[int, tuple[int, ...]]:
-        """Simplicity order: fewest non-default values, then the earliest values of each dimension."""
+        """Simplicity order: fewest non-default values (an offset no mechanism produces counts twice: a named
+        mechanism beats a bare constant), then the earliest values of each dimension."""
         positions = tuple(SPACE[f.name].index(getattr(self, f.name)) for f in fields(self))
-        return sum(p > 0 for p in positions), positions
+        return sum(p > 0 for p in positions) + len(self.unnamed_offsets()), positions
+
+    def unnamed_offsets(self) -> list[str]:
+        """The constant offsets of this variant that no named mechanism produces (``name=value``)."""
+        return [f"{name}={getattr(self, name)}" for name in OFFSET_DIMENSIONS
+                if getattr(self, name) != 0 and (name, getattr(self, name)) not in MECHANISMS]
+
+    def mechanisms(self) -> dict[str, str]:
+        """``name=value`` -> the mechanism producing it, for every non-default offset that has one."""
+        return {f"{name}={getattr(self, name)}": MECHANISMS[(name, getattr(self, name))] for name in OFFSET_DIMENSIONS
+                if getattr(self, name) != 0 and (name, getattr(self, name)) in MECHANISMS}
 
     def describe(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.conventions().items())
@@ -241,10 +271,29 @@ SCHEMAS: dict[str, Callable[[list], list]] = {
 # tools: the declaration text; system: the system turn
 
 
-def declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, template: str = "format") -> str:
-    """The text between ``tool_declare<|im_middle|>`` and ``<|im_end|>`` (``how``: a ``tools`` value)."""
+HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "'": "\\u0027"}
+
+
+def html_escaped(text: str) -> str:
+    """``text`` (JSON) as Jinja's own ``tojson`` filter writes it (``htmlsafe_json_dumps``: ``<``, ``>``, ``&`` and
+    ``'`` as ``\\u003c``, ``\\u003e``, ``\\u0026``, ``\\u0027``), the ``json_escape = html`` value: a server rendering the
+    template with plain Jinja instead of transformers' ``tojson`` (which escapes nothing)."""
+    return text.translate(str.maketrans(HTML_ESCAPES))
+
+
+def declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, template: str = "format",
+                escape: str = "none") -> str:
+    """The text between ``tool_declare<|im_middle|>`` and ``<|im_end|>`` (``how``: a ``tools`` value, ``escape``: a
+    ``json_escape`` value, applied to JSON declarations only)."""
+    text = _declaration(tools, how, fmt_name, profile_declaration, template)
+    return html_escaped(text) if escape == "html" and not text.startswith("# Tools") else text
+
+
+def _declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, template: str) -> str:
     if how == "k2-0905" or how == "template" and template == "k2-0905":
         return declaration_0905(tools)
+    if how == "k2-0905-compact":
+        return TOOLS_HEADING + tojson(tools, separators=(",", ":"))
     if how == "template":
         if fmt_name.startswith("kimi-k2.5"):
             how = "ts" if profile_declaration == "ts" else "json-compact"
@@ -360,7 +409,8 @@ def template_format(template: str, fmt_name: str, tok: Any = None, variant: "Var
         return get_format(fmt_name, tok)
     if fmt_name != "kimi-k2-instruct":
         return None
-    return KimiK2Instruct0905(role_newline=variant is not None and variant.role_newline == "system-tool",
+    newline = "none" if variant is None else variant.role_newline
+    return KimiK2Instruct0905(role_newline=newline != "none", newline_roles=NEWLINE_ROLES.get(newline, ()),
                               id_line=variant is not None and variant.tool_result == "id-line")
 
 
@@ -390,7 +440,8 @@ def variant_prompt_pieces(messages: Sequence[Message], tools: list | None, fmt_n
         shaped = SCHEMAS[variant.schema](tools)
         if profile.sort_tools:
             shaped = deep_sort(shaped)
-        text = declaration(shaped, variant.tools, fmt_name, profile.tool_declaration, variant.template)
+        text = declaration(shaped, variant.tools, fmt_name, profile.tool_declaration, variant.template,
+                           variant.json_escape)
         pieces = tool_block(text) + pieces
     return pieces
 

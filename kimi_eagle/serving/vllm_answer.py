@@ -44,6 +44,7 @@ class ServedOptions:
     prompt_tail: tuple[int, ...] = (163606,)
     tools: tuple | None = ()  # the request's tools (``None``: unknown, calls returned, no coercion)
     stop_ids: frozenset[int] = frozenset({163585, 163586})
+    kimi_ids: bool = False  # the model directory is a Kimi model type: made-up ids are functions.HEADER:N
 
 
 @dataclass
@@ -73,7 +74,7 @@ def served_answer(ids: Sequence[int], tok: Tokenizer, opts: ServedOptions) -> Se
     pieces = served_pieces(ids, tok, DetokOptions(spaces=opts.spaces), opts.prompt_tail)
     units = lex_ids(pieces, ids, markers, drop_ids) if opts.streaming else lex_text("".join(pieces), drop_texts)
     machine = run_machine(units, thinking=opts.thinking)
-    calls = [c for c in (_call(raw, opts) for raw in machine.calls) if c is not None]
+    calls = _kimi_ids([c for c in (_call(raw, opts) for raw in machine.calls) if c is not None], opts)
     if opts.tools is not None and not opts.tools:
         calls = []  # no tools declared: the section is parsed out of the content, no call returned
     content = machine.content
@@ -101,10 +102,28 @@ def _call(raw: RawCall, opts: ServedOptions) -> dict[str, Any] | None:
         tool_id, name = RANDOM_ID, raw.header if opts.streaming else raw.header.strip()
         if not name:
             return None
+        if opts.kimi_ids:
+            tool_id = RANDOM_ID + raw.header  # the header as decoded names the made-up id (_kimi_ids)
     args = raw.args if opts.streaming else (raw.args.strip() or "{}")
     if not opts.streaming:
         args = coerce_arguments(args, name, opts.tools or ())
     return {"id": tool_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _kimi_ids(calls: list[dict[str, Any]], opts: ServedOptions) -> list[dict[str, Any]]:
+    """For a Kimi model type, vLLM makes up ``functions.NAME:N`` ids (NAME the header as decoded, spaces included; N
+    counting the made-up ids of the answer from 0, whatever the request's history: recorded from vLLM 0.34) where
+    other models get a random ``chatcmpl-tool-...`` id."""
+    if not opts.kimi_ids:
+        return calls
+    out, k = [], 0
+    for c in calls:
+        if c["id"].startswith(RANDOM_ID):
+            made = c["id"][len(RANDOM_ID):] or c["function"]["name"]
+            c = {**c, "id": f"functions.{made}:{k}"}
+            k += 1
+        out.append(c)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,6 +268,8 @@ def served_flags(answer: ServedAnswer, written: Any, spaces: bool) -> list[str]:
         flags.append("dropped_by_server")  # a call written (no tools declared, an id it could not read) not returned
     if any(c["id"] == RANDOM_ID for c in calls):
         flags.append("tool_id_random")  # a made-up chatcmpl-tool-<random> id: the model's header is lost
+    elif len(calls) > len([c for c in written.tool_calls if _HEADER_ID.match(c.get("id", "").strip())]):
+        flags.append("tool_id_made_up")  # functions.HEADER:N made up for a header without :N (Kimi model types)
     model_args = [c["function"]["arguments"] for c in written.tool_calls]
     if any(c["function"]["arguments"] not in (a, a.strip()) for c, a in zip(calls, model_args)):
         flags.append("arguments_rewritten")  # {} for empty arguments, or values coerced to the tool's schema
@@ -279,7 +300,8 @@ def parse_served(ids: Sequence[int], tok: Tokenizer, profile: Any, options: Any,
     finish = options.finish_reason or ("stop" if ids and ids[-1] in ServedOptions.stop_ids else "length")
     opts = ServedOptions(spaces=profile.spaces_between_special_tokens, streaming=profile.streaming,
                          thinking=start != "content", finish_reason=finish, prompt_tail=prompt_tail(tok, start),
-                         tools=tuple(options.tools) if options.tools is not None else None)
+                         tools=tuple(options.tools) if options.tools is not None else None,
+                         kimi_ids=profile.tool_id_type == "kimi_k2")
     answer = served_answer(ids, tok, opts)
     flags = [f for f in written.flags if f not in ("whitespace_stripped",)]
     return answer, flags + served_flags(answer, written, opts.spaces)

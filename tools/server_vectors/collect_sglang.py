@@ -14,6 +14,10 @@ reasoning parsers, the 400/500 classification), non-streaming and streaming (see
 as ``collect_vllm.py``), with ``spaces_between_special_tokens`` at SGLang's default (on) and off.
 
     python collect_sglang.py --model-dir DIR --corpus corpus.jsonl --out tests/data/servers
+
+With ``--requests REQUESTS.jsonl[.gz]`` (``outside_requests.py``) it also renders every request of that corpus through
+``handle_request`` and records the prompt IDs the serving code hands the engine, or the refusal (status and
+message verbatim) in ``OUT/sglang-<major>.<minor>.requests.jsonl.gz``. Files are named by the SGLang version.
 """
 from __future__ import annotations
 
@@ -48,7 +52,10 @@ from sglang.srt.server_args import prepare_server_args
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.srt.utils.json_response import model_json_response
 from sglang.srt.utils.request_logger import RequestLogger
-from shared import assemble, write_vectors
+from shared import assemble, expand_requests, profile_stem, read_jsonl, write_request_vectors, write_vectors
+
+MAX_ERROR_CHARS = 4000  # a refusal's message is kept verbatim up to this length
+DROPPED_KEYS = ("stream", "stream_options")
 
 # spaces_between_special_tokens: left to SGLang's default (True, ChatCompletionRequest.to_sampling_params), and off
 SETTINGS = {"default": None, "nospace": False}
@@ -131,6 +138,7 @@ class EngineStandIn:
         self.detokenizer = detokenizer
         self.plan: tuple | None = None
         self.prompt_ids: list[int] | None = None
+        self.prompt_text: str | None = None
 
     def create_abort_task(self, obj):
         return None
@@ -145,6 +153,12 @@ class EngineStandIn:
 
     async def generate_request(self, obj, request=None):
         obj.normalize_batch_and_arguments()
+        if obj.input_ids is None and self.plan is None and obj.text is not None:
+            # kimi_k25 is a multimodal model type: where the serving code cannot reuse the prompt IDs (an empty
+            # render, media parts) it hands the engine the rendered text, which SGLang's multimodal processor
+            # (the checkpoint's remote processor code, not in the model dir) would tokenize: record the text
+            self.prompt_text = obj.text
+            return
         if obj.input_ids is None:
             raise RuntimeError("the serving code sent text, not input_ids")
         self._validate_one_request(obj, obj.input_ids)
@@ -234,6 +248,24 @@ def sse_chunks(lines: list[str]) -> tuple[list[dict], dict | None]:
     return chunks, error
 
 
+def verbatim(status: int, text) -> dict:
+    text = str(text)
+    out = {"status": status, "error": text[:MAX_ERROR_CHARS]}
+    if len(text) > MAX_ERROR_CHARS:
+        out["error_chars"] = len(text)
+    return out
+
+
+def parse_request_verbatim(body: dict) -> ChatCompletionRequest | dict:
+    """As ``parse_request``, the message kept whole (FastAPI's handler: ``str(exc)``, plus its errors)."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        exc = RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()])
+        exc_str, errors_str = str(exc), str(exc.errors())
+        return verbatim(400, f"{exc_str} {errors_str}" if errors_str != exc_str else exc_str)
+
+
 class Collector:
     """Drives ``OpenAIServingChat.handle_request`` one request at a time (the stand-in holds one plan)."""
 
@@ -294,6 +326,34 @@ class Collector:
         out["answers"] = answers
         return out
 
+    async def render_outside(self, row: dict) -> dict:
+        """One outside request through ``handle_request``: the prompt IDs, or the refusal verbatim. The body
+        goes through JSON text first, as over HTTP (lone surrogates pair up or stay as the server's parser
+        leaves them)."""
+        request = {k: v for k, v in row["request"].items() if k not in DROPPED_KEYS}
+        body = json.loads(json.dumps({**request, "model": self.model}, ensure_ascii=True))
+        parsed = parse_request_verbatim(body)
+        if isinstance(parsed, dict):
+            return {"id": row["id"], **parsed}
+        self.engine.plan, self.engine.prompt_ids, self.engine.prompt_text = None, None, None
+        try:
+            response = await self.chat.handle_request(parsed, None)
+        except Exception as e:  # what the HTTP server would answer as a 500
+            return {"id": row["id"], "status": 500, "error": f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS],
+                    "uncaught": True}
+        if self.engine.prompt_ids is not None:
+            return {"id": row["id"], "status": 200, "prompt_ids": self.engine.prompt_ids}
+        if self.engine.prompt_text is not None:
+            return {"id": row["id"], "status": 200, "prompt_ids": None, "prompt_text": self.engine.prompt_text,
+                    "engine_input": "text"}
+        if isinstance(response, dict):
+            return {"id": row["id"], **response}
+        msg = json.loads(response.body)
+        return {"id": row["id"], **verbatim(response.status_code, msg.get("message"))}
+
+    async def collect_requests(self, rows: list[dict]) -> list[dict]:
+        return [await self.render_outside(row) for row in rows]
+
     async def collect(self, cases: list[dict]) -> list[dict]:
         return [await self.run_case(case) for case in cases]
 
@@ -334,21 +394,46 @@ def meta_of(setup_s: float, collect_s: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True)
-    p.add_argument("--corpus", required=True)
+    p.add_argument("--corpus", help="the kit's seeded corpus (corpus.py): answers and prompts")
+    p.add_argument("--requests", help="the outside request corpus (outside_requests.py)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    cases = [json.loads(line) for line in Path(a.corpus).read_text(encoding="utf-8").splitlines()]
+    if not a.corpus and not a.requests:
+        p.error("give --corpus, --requests or both")
+    cases = [json.loads(line) for line in Path(a.corpus).read_text(encoding="utf-8").splitlines()] if a.corpus else []
+    corpus_lines = read_jsonl(Path(a.requests)) if a.requests else []
+    rows = expand_requests(corpus_lines)
+    corpus_meta = next((line["meta"] for line in corpus_lines if "meta" in line), {})
     Path(a.out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     collector = build_collector(a.model_dir)
     setup_s = time.monotonic() - t0
     quiet_logs(Path(a.out) / ".sglang-inprocess.log")
-    results = asyncio.run(collector.collect(cases))
-    meta = meta_of(setup_s, time.monotonic() - t0 - setup_s)
-    write_vectors(Path(a.out), "sglang-0.5", cases, results, meta)
-    n_ans = sum(1 for c in cases if c["kind"] == "answer")
-    print(f"sglang {meta['version']}: {len(cases)} prompts, {n_ans} answer cases x {2 * len(SETTINGS)} variants "
-          f"in {meta['collect_s']} s -> {a.out}", file=sys.stderr)
+    t1 = time.monotonic()
+    results = asyncio.run(collector.collect(cases)) if cases else []
+    collect_s = time.monotonic() - t1
+    t2 = time.monotonic()
+    outside = asyncio.run(collector.collect_requests(rows)) if rows else []
+    requests_s = time.monotonic() - t2
+    meta = meta_of(setup_s, collect_s)
+    config = json.loads((Path(a.model_dir) / "config.json").read_text(encoding="utf-8"))
+    meta["model_type"], meta["architectures"] = config.get("model_type"), config.get("architectures")
+    stem = profile_stem("sglang", version("sglang"))
+    if cases:
+        write_vectors(Path(a.out), stem, cases, results, meta)
+        n_ans = sum(1 for c in cases if c["kind"] == "answer")
+        print(f"sglang {meta['version']}: {len(cases)} prompts, {n_ans} answer cases x {2 * len(SETTINGS)} "
+              f"variants in {meta['collect_s']} s -> {a.out}/{stem}.*", file=sys.stderr)
+    if rows:
+        rmeta = {**{k: v for k, v in meta.items() if k not in ("settings", "collect_s")},
+                 "request_changes": "model set to MODEL_DIR; stream and stream_options removed; the body "
+                                    "round-tripped through ASCII JSON text",
+                 "max_error_chars": MAX_ERROR_CHARS, "corpus": corpus_meta, "corpus_file": Path(a.requests).name,
+                 "render_s": round(requests_s, 1)}
+        path = write_request_vectors(Path(a.out), stem, rows, outside, rmeta)
+        n_ok = sum(1 for r in outside if r["status"] == 200)
+        print(f"sglang {meta['version']}: {len(rows)} outside requests, {n_ok} rendered, {len(rows) - n_ok} "
+              f"refused in {rmeta['render_s']} s -> {path}", file=sys.stderr)
     return 0
 
 

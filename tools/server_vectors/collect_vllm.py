@@ -8,6 +8,13 @@ and streaming (seeded chunks of 1-4 tokens, one call per chunk carrying ``stream
 detokenizer's ``spaces_between_special_tokens`` on (vLLM's default) and off; then stops the server by PID.
 
     python collect_vllm.py --model-dir DIR --corpus corpus.jsonl --out tests/data/servers
+
+With ``--requests REQUESTS.jsonl[.gz]`` (``outside_requests.py``: requests nobody here wrote) it also renders every
+request of that corpus and records the prompt IDs or the refusal (HTTP status, the server's message verbatim)
+in ``OUT/vllm-<major>.<minor>.requests.jsonl.gz``. Output files are named by the vLLM version installed.
+On x86 without triton-cpu, vLLM 0.34's render server exits at start unless ``CUDA_VISIBLE_DEVICES=""``
+("vLLM on x86 CPUs requires Triton (triton-cpu)"); without ``VLLM_TARGET_DEVICE=cpu`` it cannot infer a
+device: both are set for the server process.
 """
 from __future__ import annotations
 
@@ -25,7 +32,10 @@ from importlib.metadata import version
 from pathlib import Path
 
 import httpx
-from shared import assemble, write_vectors
+from shared import assemble, expand_requests, profile_stem, read_jsonl, write_request_vectors, write_vectors
+
+MAX_ERROR_CHARS = 4000  # a refusal's message is kept verbatim up to this length (pydantic echoes whole inputs)
+DROPPED_KEYS = ("stream", "stream_options")  # rendering is the same; vLLM refuses stream_options without stream
 
 SETTINGS = {"space": True, "nospace": False}
 
@@ -40,7 +50,7 @@ def start_server(model_dir: str, port: int, log: Path) -> subprocess.Popen:
     cmd = [str(Path(sys.executable).with_name("vllm")), "launch", "render", model_dir, "--trust-remote-code",
            "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice",
            "--host", "127.0.0.1", "--port", str(port)]
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -84,6 +94,32 @@ def error_of(r: httpx.Response) -> dict:
     return {"status": r.status_code, "error": str(text)[:300]}
 
 
+def verbatim_error_of(r: httpx.Response) -> dict:
+    """A refusal as the server sent it: its status and message (``error.message``, or the body), verbatim."""
+    try:
+        body = r.json()
+        err = body.get("error") if isinstance(body, dict) else None
+        text = err.get("message") if isinstance(err, dict) else (body.get("message") if isinstance(body, dict)
+                                                                 else None)
+        if text is None:
+            text = r.text
+    except ValueError:
+        text = r.text
+    text = str(text)
+    out = {"status": r.status_code, "error": text[:MAX_ERROR_CHARS]}
+    if len(text) > MAX_ERROR_CHARS:
+        out["error_chars"] = len(text)
+    return out
+
+
+def request_body(request: dict, model: str) -> bytes:
+    """The client's request as JSON text (ASCII escapes, so lone surrogates travel as ``\\uD800``), the model
+    name replaced by the served one and the streaming keys dropped."""
+    body = {k: v for k, v in request.items() if k not in DROPPED_KEYS}
+    body["model"] = model
+    return json.dumps(body, ensure_ascii=True).encode("ascii")
+
+
 class Client:
     def __init__(self, base: str, model: str) -> None:
         self.http = httpx.AsyncClient(base_url=base, timeout=120)
@@ -91,6 +127,17 @@ class Client:
 
     def chat_request(self, request: dict, spaces: bool, stream: bool) -> dict:
         return {"model": self.model, **request, "spaces_between_special_tokens": spaces, "stream": stream}
+
+    async def render_outside(self, row: dict) -> dict:
+        """One corpus request rendered, or the refusal verbatim."""
+        try:
+            r = await self.http.post("/v1/chat/completions/render", content=request_body(row["request"], self.model),
+                                     headers={"content-type": "application/json"})
+        except httpx.HTTPError as e:
+            return {"id": row["id"], "status": 0, "error": f"client error: {type(e).__name__}: {e}"}
+        if r.status_code != 200:
+            return {"id": row["id"], **verbatim_error_of(r)}
+        return {"id": row["id"], "status": 200, "prompt_ids": r.json()["token_ids"]}
 
     async def render(self, request: dict) -> dict:
         r = await self.http.post("/v1/chat/completions/render", json={"model": self.model, **request})
@@ -157,38 +204,78 @@ async def collect(base: str, model: str, cases: list[dict], workers: int) -> lis
     return list(results)
 
 
+async def collect_requests(base: str, model: str, rows: list[dict], workers: int) -> list[dict]:
+    client = Client(base, model)
+    sem = asyncio.Semaphore(workers)
+
+    async def one(row):
+        async with sem:
+            return await client.render_outside(row)
+
+    results = await asyncio.gather(*(one(r) for r in rows))
+    await client.http.aclose()
+    return list(results)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True)
-    p.add_argument("--corpus", required=True)
+    p.add_argument("--corpus", help="the kit's seeded corpus (corpus.py): answers and prompts")
+    p.add_argument("--requests", help="the outside request corpus (outside_requests.py)")
     p.add_argument("--out", required=True)
     p.add_argument("--workers", type=int, default=8)
     a = p.parse_args(argv)
-    cases = [json.loads(line) for line in Path(a.corpus).read_text(encoding="utf-8").splitlines()]
+    if not a.corpus and not a.requests:
+        p.error("give --corpus, --requests or both")
+    cases = [json.loads(line) for line in Path(a.corpus).read_text(encoding="utf-8").splitlines()] if a.corpus else []
+    corpus_lines = read_jsonl(Path(a.requests)) if a.requests else []
+    rows = expand_requests(corpus_lines)
+    corpus_meta = next((line["meta"] for line in corpus_lines if "meta" in line), {})
     port = free_port()
     log = Path(a.out) / ".vllm-render.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = start_server(a.model_dir, port, log)
     t0 = time.monotonic()
+    base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc)
+        wait_ready(base, proc)
         started = time.monotonic() - t0
-        results = asyncio.run(collect(f"http://127.0.0.1:{port}", a.model_dir, cases, a.workers))
+        t1 = time.monotonic()
+        results = asyncio.run(collect(base, a.model_dir, cases, a.workers)) if cases else []
+        collect_s = time.monotonic() - t1
+        t2 = time.monotonic()
+        outside = asyncio.run(collect_requests(base, a.model_dir, rows, a.workers)) if rows else []
+        requests_s = time.monotonic() - t2
     finally:
         stop_server(proc)
+    stem = profile_stem("vllm", version("vllm"))
+    config = json.loads((Path(a.model_dir) / "config.json").read_text(encoding="utf-8"))
     meta = {"server": "vllm", "version": version("vllm"), "transformers": version("transformers"),
             "tokenizers": version("tokenizers"), "tiktoken": version("tiktoken"),
+            "model_type": config.get("model_type"), "architectures": config.get("architectures"),
             "command": "vllm launch render MODEL_DIR --trust-remote-code --reasoning-parser kimi_k2 "
-                       "--tool-call-parser kimi_k2 --enable-auto-tool-choice (VLLM_TARGET_DEVICE=cpu)",
+                       "--tool-call-parser kimi_k2 --enable-auto-tool-choice "
+                       "(VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES=\"\")",
             "settings": {"space": "spaces_between_special_tokens=true (default)",
                          "nospace": "spaces_between_special_tokens=false",
                          "stream-*": "streamed derender, seeded chunks of 1-4 tokens"},
             "chat_template": "the model dir's chat_template.jinja (K2.5)",
-            "server_start_s": round(started, 1), "collect_s": round(time.monotonic() - t0 - started, 1)}
-    write_vectors(Path(a.out), "vllm-0.33", cases, results, meta)
-    n_ans = sum(1 for c in cases if c["kind"] == "answer")
-    print(f"vllm {meta['version']}: {len(cases)} prompts, {n_ans} answer cases x {2 * len(SETTINGS)} variants "
-          f"in {meta['collect_s']} s -> {a.out}", file=sys.stderr)
+            "server_start_s": round(started, 1), "collect_s": round(collect_s, 1)}
+    if cases:
+        write_vectors(Path(a.out), stem, cases, results, meta)
+        n_ans = sum(1 for c in cases if c["kind"] == "answer")
+        print(f"vllm {meta['version']}: {len(cases)} prompts, {n_ans} answer cases x {2 * len(SETTINGS)} variants "
+              f"in {meta['collect_s']} s -> {a.out}/{stem}.*", file=sys.stderr)
+    if rows:
+        rmeta = {**{k: v for k, v in meta.items() if k not in ("settings", "collect_s")},
+                 "endpoint": "/v1/chat/completions/render",
+                 "request_changes": "model set to MODEL_DIR; stream and stream_options removed; sent as ASCII JSON",
+                 "max_error_chars": MAX_ERROR_CHARS, "corpus": corpus_meta, "corpus_file": Path(a.requests).name,
+                 "render_s": round(requests_s, 1)}
+        path = write_request_vectors(Path(a.out), stem, rows, outside, rmeta)
+        n_ok = sum(1 for r in outside if r["status"] == 200)
+        print(f"vllm {meta['version']}: {len(rows)} outside requests, {n_ok} rendered, {len(rows) - n_ok} refused "
+              f"in {rmeta['render_s']} s -> {path}", file=sys.stderr)
     return 0
 
 

@@ -14,14 +14,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_server_answers import EXCEPTIONS, SGLANG_VARIANTS, VLLM_VARIANTS, differing, load_vectors  # noqa: E402
+from test_server_answers import EXCEPTIONS, SGLANG_VARIANTS, differing, load_vectors, vllm_variants, vllm_versions  # noqa: E402
 from test_server_prompts import SERVERS, check_prompts  # noqa: E402
 from test_server_roundtrip import roundtrip, well_formed_roundtrip  # noqa: E402
 
 from kimi_eagle.assets import kimi_dir  # noqa: E402
 from kimi_eagle.tokenize.tokenizer import load_tokenizer  # noqa: E402
 
-FILES = {"vllm-0.33": VLLM_VARIANTS, "sglang-0.5": SGLANG_VARIANTS}
+# every server version with recorded answers: vLLM's variants by version, SGLang's as they are
+FILES = {**{v: vllm_variants(v) for v in vllm_versions()}, "sglang-0.5": SGLANG_VARIANTS}
 HEADER = ("| profile | server variant | answers equal / total | named exceptions | prompts equal / rendered | "
           "refused by server and kit | round trip: equal | count differs | flagged | refused | silent | "
           "well-formed outputs: equal / total |")
@@ -32,7 +33,7 @@ def row(tok, server: str, variant: str, profile: str, prompts: dict) -> str:
     _, vectors = load_vectors(name)
     answered = sum(v["answers"].get(variant, {}).get("status") == 200 for v in vectors)
     differ = differing(name, variant, profile, tok)
-    excepted = len(EXCEPTIONS.get((name, variant), {}))
+    excepted = len(EXCEPTIONS.get(("vllm" if server.startswith("vllm-") else name, variant), {}))
     rt = roundtrip(name, variant, profile, tok)
     refused = sum(n for k, n in rt.items() if k.startswith("refused"))
     wf = well_formed_roundtrip(name, variant, profile, tok)

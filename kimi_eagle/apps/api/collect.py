@@ -26,10 +26,13 @@ Streams: a request with ``stream: true`` is read as SSE and its chunks assembled
 breaks keeps what arrived and is retried, stored as ``stream_incomplete`` when every attempt broke.
 Bounds: ``timeout`` is the silence allowed, ``response_timeout`` the whole attempt,
 ``max_body_bytes`` the reply's size. What cannot be stored as it came is an error record with the
-reason (``bad_prompt``, ``lone_surrogate``, ``unstorable``), never the end of the run: any exception out of the HTTP
+reason (``bad_prompt``, ``lone_surrogate``, ``unstorable``; ``bad_usage`` for usage counts that are negative, not
+integers (``"7"`` included), not finite or beyond 10**9: never a stored ok nor summed), never the end of the run: any exception out of the HTTP
 client (a lying ``Content-Encoding``), the SSE reader or the JSON layer fails that attempt only, and nesting past
 100 levels is refused by name. SIGINT/SIGTERM write the requests in flight as ``interrupted``. One run per output:
-``.OUT.lock`` (as ``reconstruct`` holds) refuses a second run on it before anything is sent.
+``.OUT.lock`` (as ``reconstruct`` holds) refuses a second run on it before anything is sent. The summary's ``ok``
+counts every ok record in the output (those a rerun reused included, as ``totals.ok``); ``ok_this_run`` and the
+error kinds count this run's requests.
 
 The API key comes from ``OPENROUTER_API_KEY`` only, goes only into the ``Authorization`` header,
 and is redacted in every form (:mod:`kimi_eagle.apps.api.redact`) from anything written or printed.
@@ -60,6 +63,7 @@ from kimi_eagle.apps.api.redact import REDACTED as REDACTED  # re-exported: call
 from kimi_eagle.apps.api.redact import Redactor
 from kimi_eagle.io import MAX_DEPTH, JsonlAppender, json_depth, read_jsonl, write_lines, write_text
 from kimi_eagle.reconstruct.stream import DONE, SSEDecoder, StreamAssembler, StreamError
+from kimi_eagle.reconstruct.usage import usage_count_problems
 
 API_KEY_ENV = "OPENROUTER_API_KEY"
 RECORD_ID_HEADER = "X-Record-Id"
@@ -588,7 +592,13 @@ class Collector:
         record = self.redactor.record(record)
         if record["status"] == "ok":
             bad = surrogate_paths(record.get("response"), "response")
-            if bad:
+            usage = record["response"].get("usage") if isinstance(record.get("response"), dict) else None
+            if problems := usage_count_problems(usage):  # validated where it enters: never a stored ok
+                record["status"] = "error"
+                record["error"] = {"kind": "bad_usage", "http_status": record.get("http_status"),
+                                   "message": self.redactor.cut("the answer's usage is not counts: "
+                                                                + "; ".join(problems), SNIPPET_CHARS)}
+            elif bad:
                 record["status"] = "error"
                 record["error"] = {"kind": "lone_surrogate", "http_status": record.get("http_status"),
                                    "message": f"the answer holds lone surrogates (not valid Unicode) at "
@@ -655,8 +665,8 @@ class Collector:
 
 def summarize_output(path: str | Path) -> dict[str, Any]:
     """Totals over an output file: records by status, usage tokens and cost."""
-    totals: dict[str, Any] = {"records": 0, "ok": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                              "reasoning_tokens": 0, "cached_tokens": 0, "cost": 0.0}
+    totals: dict[str, Any] = {"records": 0, "ok": 0, "errors": 0, "bad_usage": 0, "prompt_tokens": 0,
+                              "completion_tokens": 0, "reasoning_tokens": 0, "cached_tokens": 0, "cost": 0.0}
     for line in read_jsonl(path):
         rec = line.obj
         if not isinstance(rec, dict):
@@ -665,10 +675,13 @@ def summarize_output(path: str | Path) -> dict[str, Any]:
         if rec.get("status") != "ok":
             totals["errors"] += 1
             continue
-        totals["ok"] += 1
-        usage = (rec.get("response") or {}).get("usage") or {}
-        if not isinstance(usage, dict):
+        usage = rec["response"].get("usage") if isinstance(rec.get("response"), dict) else None
+        if usage_count_problems(usage):  # an earlier run's record with broken counts: an error, never summed
+            totals["errors"] += 1
+            totals["bad_usage"] += 1
             continue
+        totals["ok"] += 1
+        usage = usage or {}
         for name, value in (("prompt_tokens", usage.get("prompt_tokens")),
                             ("completion_tokens", usage.get("completion_tokens")),
                             ("reasoning_tokens", (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")),
@@ -734,10 +747,12 @@ async def _collect_locked(prompts: list[Prompt], output: Path, config: CollectCo
             asyncio.get_running_loop().remove_signal_handler(sig)
         writer.close()
         bar.close()
+    totals = summarize_output(output)
+    counts = {**collector.counts, "ok": totals["ok"], "ok_this_run": collector.counts["ok"]}  # ok: reused ones too
     summary = {"prompts": len(prompts), "already_done": len(prompts) - len(todo), "requested": len(todo),
-               "dropped_on_resume": dropped, "stale_records": stale, **collector.counts, "aborted": collector.abort,
+               "dropped_on_resume": dropped, "stale_records": stale, **counts, "aborted": collector.abort,
                "signal": collector.signal, "failure_reasons": dict(collector.reasons.most_common(10)),
-               "seconds": round(time.perf_counter() - t0, 3), "totals": summarize_output(output)}
+               "seconds": round(time.perf_counter() - t0, 3), "totals": totals}
     summary = collector.redactor.value(summary)  # an upstream's error body may echo the Authorization header
     write_text(output.with_name(output.name + ".summary.json"), json.dumps(summary, indent=2))
     from kimi_eagle.apps.reports.outputs import write_summary_tables

@@ -5,8 +5,8 @@
 Every run executes into ``RUN_DIR/<run>/`` with that directory passed as ``output_dir``. Its state lives
 in ``RUN_DIR/<run>/run.json`` (written atomically): ``running`` while it executes, then ``ok`` or
 ``failed`` with the error and the failing cell. A failed run never stops the others. ``--resume``
-executes only the runs that are not ``ok`` (failed, interrupted, never started, or whose parameters
-changed), so a batch killed at any moment is completed by running it again with ``--resume``.
+executes only the runs that are not ``ok`` (failed, interrupted, never started, whose parameters changed, or whose
+``metrics.json`` no longer reads: not JSON, not an object, NaN or Infinity), so a batch killed at any moment is completed by running it again with ``--resume``.
 At the end, ``summary.parquet`` and ``summary.html`` gather every run (see :mod:`kimi_eagle.apps.reports.batch_summary`).
 Grid format and validation: :mod:`kimi_eagle.apps.batch.grid`.
 """
@@ -267,8 +267,13 @@ def write_state(run_out: Path, state: dict[str, Any]) -> None:
 
 
 def _is_done(run_out: Path, run: Run) -> bool:
+    """Whether a kept run is finished: ok with the same parameters, and its ``metrics.json`` (when it wrote one)
+    still reads (:func:`metrics_problem`); a run whose metrics were corrupted since is run again."""
+    from kimi_eagle.apps.reports.batch_summary import metrics_problem
+
     state = read_state(run_out)
-    return state.get("status") == "ok" and _canonical(state.get("params")) == _canonical(run.params)
+    return (state.get("status") == "ok" and _canonical(state.get("params")) == _canonical(run.params)
+            and metrics_problem(run_out) is None)
 
 
 def _canonical(params: Any) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from kimi_eagle.apps.cli import add_main_input, add_option
 from kimi_eagle.apps.reports.billing_report import DATA_LABELS, write_billing
 from kimi_eagle.apps.reports.outputs import add_figure_options, refuse_other_report, use_figure_options
+from kimi_eagle.data_kinds import REAL, SIMULATED, TOY, model_kind, settle
 from kimi_eagle.diff.run import read_labels, read_reconstructed
 from kimi_eagle.io import check_parquet
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
@@ -18,12 +19,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
                help="output directory (billing_records.parquet, summary.json, metrics.json, charts, report.html)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
-    p.add_argument("--data", choices=DATA_LABELS, default="real", help="label for the charts: real or simulated responses")
+    p.add_argument("--data", choices=DATA_LABELS, default=None,
+                   help="override the data kind the inputs give (simulated when there are labels from `kimi-eagle "
+                        "simulate`, toy when the tokenizer is stories260K's or tiny-kimi's, else real); an override "
+                        "never calls such data real")
     p.add_argument("--labels", default=None,
                    help="labels.parquet of a labelled benchmark (`kimi-eagle simulate`): the page then shows the "
                         "verdicts' confusion against the labels with precision/recall per cause (default: a "
                         "labels.parquet beside the reconstructed file, when there is one)")
     add_figure_options(p)
+
+
+def billing_data_kind(labels_path: str | Path | None, *tokenizer_names: str | None) -> tuple[str, str]:
+    """``(kind, why)`` of a reconstruction's data from its provenance: ``simulated`` with the labels of a
+    benchmark, ``toy`` when its tokenizer is a toy model's, else ``real``."""
+    if labels_path:
+        return SIMULATED, f"the labels of a simulated benchmark: {labels_path}"
+    for name in tokenizer_names:
+        if name and model_kind(str(name)) == TOY:
+            return TOY, f"the tokenizer {name} is a toy model's"
+    return REAL, "no benchmark labels and no toy tokenizer"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,9 +52,12 @@ def run(args: argparse.Namespace) -> int:
     labels_path = args.labels or (beside if beside.is_file() else None)
     labels = read_labels(labels_path) if labels_path else None
     tok = load_tokenizer(args.tokenizer or kimi_dir())
+    data, note = settle(args.data, *billing_data_kind(labels_path, tok.name, args.tokenizer))
+    if note:
+        print(f"note: {note}")
     meta = {"reconstructed": str(args.reconstructed), "tokenizer": tok.name,
             **({"labels": str(labels_path)} if labels_path else {})}
-    summary = write_billing(tok, rows, args.out, args.data, meta, labels)
+    summary = write_billing(tok, rows, args.out, data, meta, labels)
     a = summary["all"]
     gap = "n/a" if a["gap_pct"] is None else f"{a['gap_pct']:+.3f}% " + (
         f"(95% CI {a['gap_pct_lo']:+.3f} … {a['gap_pct_hi']:+.3f})" if a["gap_pct_lo"] is not None else "(n too small for a CI)")

@@ -24,4 +24,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{facts['kind']} outputs compared: {facts['figures']} figures, {len(changed)} changed (95 % interval of "
           f"B − A excludes 0){': ' + ', '.join(changed[:5]) + (' …' if len(changed) > 5 else '') if changed else ''} "
           f"-> {Path(args.out) / 'compare.html'} (and compare.md, compare.csv)")
+    for warning in facts["warnings"]:  # every warning of the page, on the terminal too
+        print(f"⚠ {warning}")
     return 0

@@ -2,11 +2,14 @@
 
 Reads API records (the kit's shape, e.g. from ``kimi-eagle convert``; each record's ``format``, else the chat
 format of its ``response.model``) or, with ``--recorded``, the recorded real exchanges of the assets
-(``assets/data/real_api``), searches the declared space of server-side transformations
-(kimi_eagle/serving/variants.py) per provider, model and period, and prints the table: the variant chosen,
-prompt and completion parity in sample and held out, and the residual of what nothing explains (listed first).
-``-o/--write-table PATH`` writes the table as the TOML data file ``--serving auto`` reads
-(kimi_eagle/data/providers.toml is this command's output on ``--recorded``).
+(``assets/data/real_api``: the toy-tool exchanges and the agent traces, each calibrated and reported on its own),
+searches the declared space of server-side transformations (kimi_eagle/serving/variants.py) per provider, model and
+period, and prints the table: the variant chosen, its status (explained, thin or unexplained, under the stated
+evidence rule), prompt and completion parity in sample and held out, the residual of what nothing explains (listed
+first), every record accounted for (calibrated, or refused with its reason), and the residual distributions by
+provider and request size. The agent traces are also scored out of sample: learned on some of the agent's tests,
+scored on the others. ``-o/--write-table PATH`` writes the table as the TOML data file ``--serving auto`` reads
+(kimi_eagle/data/providers.toml is this command's output on ``--recorded``: the toy-tool exchanges' entries).
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="API records (JSONL); omit with --recorded")
     p.add_argument("--recorded", action="store_true",
                    help="calibrate on the assets' recorded real exchanges (assets/data/real_api) instead of LOG")
+    p.add_argument("--corpus", choices=("all", "real_api", "agent_traces"), default="all",
+                   help="with --recorded: which corpus (default: both, reported separately; the table written is "
+                        "real_api's when it is calibrated)")
     add_option(p, "-o", "--output", "--write-table", dest="write_table", default=None,
                help="write the provider table (TOML) to this path (kimi_eagle/data/providers.toml format)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
@@ -36,7 +42,7 @@ def _log_record(line) -> tuple[dict | None, str | None]:
         return None, line.error
     try:
         record = as_api_record(line.obj)
-    except (LogShapeError, RecordError, ValueError) as e:
+    except (LogShapeError, RecordError, ValueError, TypeError, KeyError, AttributeError) as e:
         return None, str(e)
     if not isinstance(record, dict) or not isinstance(record.get("request"), dict):
         return None, "not an API record with a request"
@@ -60,32 +66,96 @@ def _log_records(path: str) -> tuple[list[dict], list[str]]:
     return records, left_out
 
 
+def _safe(text: str) -> str:
+    """A line for the terminal: the API key redacted, control characters escaped."""
+    from kimi_eagle.serving.provider_table import comment_safe, redact
+
+    return "\n".join(comment_safe(line) for line in redact(text)[0].split("\n"))
+
+
+def _accounting(name: str, total: int, ok: list, refused, flagged: int) -> list[str]:
+    lines = [f"{name}: {total} record(s): {len(ok)} calibrated, {sum(refused.values())} refused"]
+    lines += [f"  refused ({n}): {reason}" for reason, n in refused.most_common(20)]
+    if flagged:
+        lines.append(f"  {flagged} record(s) held the API key in response.provider or response.model: replaced by "
+                     "a marker (flag api_key_in_data)")
+    return lines
+
+
+def calibrate_corpus(name: str, records: list[dict], counts, split=None, score_split=None) -> tuple[list[dict], str]:
+    """Calibrate one corpus and its printed report: accounting, table, out of sample (``score_split``: record ->
+    scored, learned on the others), residual distributions."""
+    from kimi_eagle.serving.calibration import (
+        calibrate,
+        distribution,
+        key_in_data,
+        residuals,
+        score,
+        screen,
+        table_text,
+    )
+
+    ok, refused = screen(records, counts)
+    rows = calibrate(ok, counts, split)
+    lines = [f"## {name}", "", *_accounting(name, len(records), ok, refused, sum(key_in_data(r) for r in ok)), "",
+             table_text(rows, 0)]
+    if score_split is not None:
+        learn = [r for r in ok if not score_split(r)]
+        test = [r for r in ok if score_split(r)]
+        out = score(counts, calibrate(learn, counts), test)
+        lines += ["", f"out of sample (learned on {len(learn)} records of some tests, scored on {len(test)} of the "
+                      "others): " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in out.items())]
+    lines += ["", "residuals (billed - reconstructed) by provider and request size (billed prompt tokens):",
+              "| provider | size | n | prompt | completion |", "|---|---|---|---|---|"]
+    lines += [f"| {c['provider']} | {c['size']} | {c['n']} | {distribution(c['prompt'])} | "
+              f"{distribution(c['completion'])} |" for c in residuals(counts, rows, ok)]
+    return rows, "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from kimi_eagle.assets import kimi_dir
     from kimi_eagle.reconstruct.record import rebuild_under
-    from kimi_eagle.reconstruct.recorded import exchange_record, load_exchanges, recorded_path
-    from kimi_eagle.serving.calibration import VariantCounts, calibrate, table_text
+    from kimi_eagle.reconstruct.recorded import (
+        AGENT_DATASET,
+        AGENT_SCORE_TESTS,
+        CORPORA,
+        DATASET,
+        corpus_records,
+        source_test,
+    )
+    from kimi_eagle.serving.calibration import VariantCounts
     from kimi_eagle.serving.provider_table import write_table
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
     if args.recorded == (args.log is not None):
         print("kimi-eagle providers: give either LOG or --recorded", file=sys.stderr)
         return 2
+    tok = load_tokenizer(args.tokenizer or kimi_dir())
+    counts = VariantCounts(tok, rebuild_under)
+    tables: list[tuple[str, list[dict]]] = []
     if args.recorded:
-        source = "the recorded exchanges (assets/data/real_api/kimi_recorded_exchanges.jsonl)"
-        records, skipped = [exchange_record(ex) for ex in load_exchanges(recorded_path())], 0
-        skipped = sum("error" in r for r in records)
+        for dataset in CORPORA if args.corpus == "all" else (args.corpus,):
+            exchanges, records = corpus_records(dataset)
+            scored = None
+            if dataset == AGENT_DATASET:
+                tests = {r["id"]: source_test(ex) for ex, r in zip(exchanges, records)}
+                scored = (lambda r, t=tests: t.get(r["id"]) in AGENT_SCORE_TESTS)
+            rows, text = calibrate_corpus(f"{dataset} ({CORPORA[dataset]})", records, counts, scored, scored)
+            print(_safe(text) + "\n")
+            tables.append((f"the recorded exchanges (assets/data/{CORPORA[dataset]})", rows))
+        tables.sort(key=lambda t: DATASET not in t[0])
     else:
-        source = args.log
         records, left_out = _log_records(args.log)
-        skipped = len(left_out)
         for reason in left_out[:20]:
-            print(f"left out: {reason}", file=sys.stderr)
+            print(_safe(f"left out: {reason}"), file=sys.stderr)
         if len(left_out) > 20:
             print(f"left out: ... and {len(left_out) - 20} more line(s)", file=sys.stderr)
-    tok = load_tokenizer(args.tokenizer or kimi_dir())
-    rows = calibrate(records, VariantCounts(tok, rebuild_under))
-    print(table_text(rows, skipped))
+        rows, text = calibrate_corpus(args.log, records, counts)
+        print(_safe(text))
+        if left_out:
+            print(f"{len(left_out)} record(s) left out (not an API record, no request, or no known chat format)")
+        tables.append((args.log, rows))
     if args.write_table:
-        print(f"provider table -> {write_table(rows, args.write_table, source)}")
+        source, rows = tables[0]
+        print(_safe(f"provider table -> {write_table(rows, args.write_table, source)}"))
     return 0

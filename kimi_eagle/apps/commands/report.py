@@ -13,7 +13,9 @@ from pathlib import Path
 from kimi_eagle.apps.cli import add_option
 from kimi_eagle.apps.reports.diff_report import DATA_KINDS, write_report
 from kimi_eagle.apps.reports.outputs import add_figure_options, refuse_other_report, use_figure_options
+from kimi_eagle.data_kinds import settle
 from kimi_eagle.diff.run import read_diff
+from kimi_eagle.diff.summary import diff_data_kind
 from kimi_eagle.io import FileKindRefused
 from kimi_eagle.reconstruct.job import output_lock
 
@@ -23,12 +25,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
                help="report directory (summary.json, *.png, report.html)")
     p.add_argument("--data", choices=DATA_KINDS, default=None,
-                   help="say the numbers come from simulated or real data (default: simulated when the diff has "
-                        "expected labels from `kimi-eagle simulate`, else real)")
+                   help="override the data kind the diff's provenance gives (its meta.json's `data`, else simulated "
+                        "when it has the expected labels of `kimi-eagle simulate`, toy when its meta names stories260K "
+                        "or tiny-kimi, else real); an override never calls such data real")
     p.add_argument("--tokenizer", default=None,
                    help="the diff's tokenizer directory, to show token boundaries in example hunks (default: the "
                         "bundled Kimi tokenizer when the diff was made with it)")
     add_figure_options(p)
+
+
+def _meta(diff_dir: str | Path) -> dict:
+    """The diff folder's ``meta.json`` ({} when it has none or it does not read as an object)."""
+    try:
+        meta = json.loads((Path(diff_dir) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer | None":
@@ -38,11 +50,7 @@ def _diff_tokenizer(diff_dir: str | Path, tokenizer: str | None) -> "Tokenizer |
 
     if tokenizer:
         return load_tokenizer(tokenizer)
-    try:
-        meta = json.loads((Path(diff_dir) / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if str(meta.get("tokenizer", "")).startswith("kimi:"):
+    if str(_meta(diff_dir).get("tokenizer", "")).startswith("kimi:"):
         try:
             return load_tokenizer(kimi_dir())
         except (OSError, ValueError):
@@ -56,8 +64,11 @@ def run(args: argparse.Namespace) -> int:
         raise FileKindRefused(f"{args.diff_dir}: this is a file; give the folder `kimi-eagle diff -o` wrote")
     refuse_other_report(args.out, "report")
     result = read_diff(args.diff_dir)
+    data, note = settle(args.data, *diff_data_kind(result.records, _meta(args.diff_dir)))
+    if note:
+        print(f"note: {note}")
     with output_lock(Path(args.out)):  # one report per output directory at a time
-        summary = write_report(result, args.out, args.data, _diff_tokenizer(args.diff_dir, args.tokenizer))
+        summary = write_report(result, args.out, data, _diff_tokenizer(args.diff_dir, args.tokenizer))
     v = summary["verdict"]
     print(f"{summary['data']} data: {summary['n_records']} records; exact {v['exact']}, bpe_split {v['bpe_split']}, semantic {v['semantic']}; "
           f"{len(summary['charts'])} charts -> {Path(args.out) / 'report.html'}")

@@ -1,4 +1,5 @@
-"""``kimi-eagle train``: train an EAGLE-3 drafter on extracted hidden states, with training-time test."""
+"""``kimi-eagle train``: train an EAGLE-3 drafter (training-time test) or a DFlash block drafter (``--dflash-recipe``)
+on extracted hidden states; defaults per drafter and recipe come from :mod:`kimi_eagle.eagle3.recipes`."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,8 @@ import torch
 from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_main_input, add_option
 from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
 from kimi_eagle.apps.reports.training_charts import write_train_curves
+from kimi_eagle.eagle3.losses import WEIGHTINGS
+from kimi_eagle.eagle3.recipes import DFLASH_RECIPE, DFLASH_RECIPES, EAGLE3
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
 from kimi_eagle.reconstruct.job import output_lock
 from kimi_eagle.reuse import note_training, reused_line
@@ -32,11 +35,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=("eagle3", "dflash"), default=d.drafter,
                    help="eagle3 (a chain drafter) or dflash (a block drafter; extract its layer set with "
                         "`extract --drafter dflash`; docs/eagle3.md)")
-    p.add_argument("--block-size", type=POSITIVE_INT, default=d.block_size, help="dflash: the anchor plus mask tokens per block")
-    p.add_argument("--draft-layers", type=POSITIVE_INT, default=d.draft_layers, help="dflash: decoder layers of the drafter")
+    recipes = "; ".join(f"{r.name}: lr {r.lr:g}, block {r.block_size}, {r.draft_layers} draft layer(s), "
+                        f"{r.objective.ce} CE, {r.objective.weighting} weights, {r.objective.normalise} mean, "
+                        f"anchors {r.objective.max_anchors or 'all'}, lm_head {'frozen' if r.freeze_lm_head else 'trained'}"
+                        for r in DFLASH_RECIPES.values())
+    p.add_argument("--dflash-recipe", choices=tuple(DFLASH_RECIPES), default=DFLASH_RECIPE,
+                   help=f"dflash: whose training recipe sets the defaults below (docs/eagle3.md) — {recipes}")
+    p.add_argument("--block-size", type=POSITIVE_INT, default=d.block_size,
+                   help="dflash: the anchor plus mask tokens per block (default: the recipe's)")
+    p.add_argument("--draft-layers", type=POSITIVE_INT, default=d.draft_layers,
+                   help="dflash: decoder layers of the drafter (default: the recipe's)")
+    p.add_argument("--dflash-weighting", choices=WEIGHTINGS, default=d.dflash_weighting,
+                   help="dflash: slot weights — power (step-weight^(j-1)), exp (exp(-(j-1)/gamma)), dpace (D-PACE, "
+                        "hard CE only); default: the recipe's")
+    p.add_argument("--dflash-gamma", type=POSITIVE_FLOAT, default=d.dflash_gamma, help="dflash: γ of the exp weights (default 4)")
+    p.add_argument("--max-anchors", type=NONNEG_INT, default=d.max_anchors,
+                   help="dflash: anchors sampled per step (0: every anchor; default: the recipe's)")
     p.add_argument("--step-weight", type=NONNEG_FLOAT, default=d.step_weight)
     p.add_argument("--batch-size", type=POSITIVE_INT, default=d.batch_size, help="rows per process per step")
-    p.add_argument("--lr", type=POSITIVE_FLOAT, default=d.lr)
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=d.lr,
+                   help=f"learning rate (default: the drafter's recipe — eagle3 {EAGLE3.lr:g}, dflash "
+                        + ", ".join(f"{r.name} {r.lr:g}" for r in DFLASH_RECIPES.values()) + ")")
     p.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=d.draft_vocab_size)
     p.add_argument("--seed", type=NONNEG_INT, default=d.seed)
     p.add_argument("--save-every", type=POSITIVE_INT, default=d.save_every)
@@ -62,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         stop_after=args.stop_after, progress=not args.no_progress, online=args.online,
         layer_ids=[int(x) for x in args.layers.split(",")] if args.layers else None,
         drafter=args.drafter, block_size=args.block_size, draft_layers=args.draft_layers,
+        dflash_recipe=args.dflash_recipe, dflash_weighting=args.dflash_weighting, dflash_gamma=args.dflash_gamma,
+        max_anchors=args.max_anchors,
     )
     rank0 = int(os.environ.get("RANK", "0")) == 0
     with output_lock(Path(args.out)) if rank0 else contextlib.nullcontext():  # one run per OUTPUT (rank 0 holds it)

@@ -53,13 +53,16 @@ STACKED_SINGLES = {"billing verdict": ("billing_match", "billing_explained", "bi
 
 
 def summary_frame(run_dir: Path, runs: list[tuple[str, dict[str, Any]]]) -> pd.DataFrame:
-    """One row per ``(name, params)`` in ``runs``, read from ``RUN_DIR/<name>/run.json`` and ``metrics.json``."""
+    """One row per ``(name, params)`` in ``runs``, read from ``RUN_DIR/<name>/run.json`` and ``metrics.json``; an ok
+    run whose ``metrics.json`` no longer reads (NaN, corrupt) is a failed row saying so."""
     rows = []
     for name, params in runs:
         state = _read_json(run_dir / name / "run.json") or {}
         status = state.get("status", "missing")
         if status == "running":  # an interrupted run: not finished, will be re-run by --resume
             status = "missing"
+        if status == "ok" and (problem := metrics_problem(run_dir / name)):  # corrupted since: never an ok row
+            status, state = "failed", {**state, "error": f"{problem}; `batch --resume` runs it again"}
         metrics = _read_json(run_dir / name / "metrics.json") if status in ("ok", "failed") else None
         cell = state.get("failed_cell") or {}
         row = {
@@ -72,6 +75,25 @@ def summary_frame(run_dir: Path, runs: list[tuple[str, dict[str, Any]]]) -> pd.D
         row.update({f"metric.{k}": v for k, v in _flatten(metrics or {}).items()})
         rows.append(row)
     return _parquet_safe(pd.DataFrame(rows))
+
+
+def metrics_problem(run_out: Path) -> str | None:
+    """Why ``RUN/metrics.json`` does not read as a run's metrics (not JSON, not an object, a NaN or infinite
+    number anywhere), or None (also when the run wrote none)."""
+    path = Path(run_out) / "metrics.json"
+    if not path.exists():
+        return None
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"it holds {name}")
+
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+    except (OSError, ValueError, RecursionError) as e:
+        return f"metrics.json does not read ({str(e)[:120]})"
+    if not isinstance(metrics, dict):
+        return f"metrics.json is a JSON {type(metrics).__name__}, not an object"
+    return None
 
 
 def write_summary(run_dir: Path, runs: list[tuple[str, dict[str, Any]]], title: str = "batch") -> pd.DataFrame:

@@ -507,10 +507,14 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
 # files
 
 
-def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str | Path, data: str = "real",
+def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str | Path, data: str | None = None,
                   meta: dict[str, Any] | None = None, labels: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """Reconcile every row, write the records, summary, metrics, charts and report into ``out_dir``; return the summary.
-    With ``labels`` (``{id: expected diff label}``), the summary and page carry the verdicts' accuracy."""
+    With ``labels`` (``{id: expected diff label}``), the summary and page carry the verdicts' accuracy. ``data``
+    (default: ``simulated`` with ``labels``, else ``real``) never says ``real`` beside a benchmark's labels."""
+    data = data or ("simulated" if labels else "real")
+    if labels and data == "real":
+        raise ValueError("data 'real' with the labels of a simulated benchmark: these are simulated data")
     if data not in DATA_LABELS:
         raise ValueError(f"data must be one of {DATA_LABELS}, not {data!r}")
     out = Path(out_dir)

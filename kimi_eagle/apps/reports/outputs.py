@@ -8,13 +8,17 @@ folders are told apart by the files only one of them writes: billing's ``billing
 ``summary.json`` without it.
 
 Chart files (:func:`write_chart`): PNG, plus ``--figure-format svg|pdf`` beside it, at ``--dpi``. Summary tables
-(:func:`write_summary_tables`): ``summary.md`` and ``summary.csv`` beside every ``summary.json``.
+(:func:`write_summary_tables`): ``summary.md`` and ``summary.csv`` beside every ``summary.json``; a confusion matrix
+is a table of its own (a row per expected class); user text is escaped for Markdown and neutralised for spreadsheets
+(:mod:`kimi_eagle.apps.reports.safe_text`).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from kimi_eagle.apps.reports.safe_text import csv_row, md_cell, md_text
 
 REPORT_COMMANDS = ("report", "billing")
 
@@ -129,7 +133,9 @@ def summary_sections(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str,
            (isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v))}
     sections = [("summary", [("", _flat(top))])] if top else []
     for key, value in summary.items():
-        if isinstance(value, dict) and value:
+        if matrix := _matrix_rows(value):
+            sections.append((key, matrix))
+        elif isinstance(value, dict) and value:
             sections.append((key, [("", _flat(value))]))
         elif isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
             rows = []
@@ -140,17 +146,30 @@ def summary_sections(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str,
     return sections
 
 
+def _matrix_rows(value: Any) -> list[tuple[str, dict[str, Any]]] | None:
+    """A confusion matrix (``{"classes": [...], "matrix": [[...]]}``) as one row per expected class, one field per
+    class it was given (its first field ``expected`` names the row); None for anything else."""
+    if not isinstance(value, dict) or set(value) != {"classes", "matrix"}:
+        return None
+    classes, matrix = value["classes"], value["matrix"]
+    if not (isinstance(classes, list) and isinstance(matrix, list) and len(matrix) == len(classes)
+            and all(isinstance(r, list) and len(r) == len(classes) for r in matrix)):
+        return None
+    return [(str(c), {"expected": str(c), **{str(col): n for col, n in zip(classes, row)}})
+            for c, row in zip(classes, matrix)]
+
+
 def _md_value(v: Any) -> str:
-    if v is None or v == "":
-        return "–"
-    if isinstance(v, float):
+    if isinstance(v, float) and v == v:
+        v = v + 0.0  # -0.0 is written 0
         return f"{v:.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    return md_cell(v)
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A GitHub Markdown table (missing values as ``–``, ``|`` escaped, floats to 4 significant digits)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    """A GitHub Markdown table (missing values as ``–``, user text escaped (:func:`~kimi_eagle.apps.reports.
+    safe_text.md_cell`), floats to 4 significant digits)."""
+    lines = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_md_value(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
@@ -166,7 +185,7 @@ def write_summary_tables(summary: dict[str, Any], json_path: str | Path) -> tupl
     json_path = Path(json_path)
     stem = json_path.name[: -len(".json")] if json_path.name.endswith(".json") else json_path.name
     sections = summary_sections(summary)
-    md = [f"# {stem} ({json_path.name})\n"]
+    md = [f"# {md_text(stem)} ({md_text(json_path.name)})\n"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["section", "row", "field", "value"])
@@ -176,9 +195,10 @@ def write_summary_tables(summary: dict[str, Any], json_path: str | Path) -> tupl
             body = markdown_table(["field", "value"], [[f, rows[0][1].get(f)] for f in fields])
         else:
             body = markdown_table(fields, [[r.get(f) for f in fields] for _, r in rows])
-        md.append(f"## {section}\n\n{body}")
+        md.append(f"## {md_text(section)}\n\n{body}")
         for name, r in rows:
             for field, value in r.items():
-                writer.writerow([section, name, field, "" if value is None else value])
+                value = value + 0.0 if isinstance(value, float) else value  # -0.0 is written 0.0
+                writer.writerow(csv_row([section, name, field, "" if value is None else value]))
     return (write_text(json_path.with_name(stem + ".md"), "\n".join(md)),
             write_text(json_path.with_name(stem + ".csv"), buffer.getvalue()))

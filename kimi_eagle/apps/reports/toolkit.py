@@ -316,10 +316,14 @@ PAGE_KINDS = ("report", "billing", "batch", "audit")
 
 def html_page(page_title: str, body: Sequence[str], kind: str) -> str:
     """A self-contained page: ``<title>`` (escaped here), the one :data:`STYLESHEET` and ``body`` (HTML parts,
-    already escaped) inside ``<body class="kind">``; ``kind`` is one of :data:`PAGE_KINDS`."""
+    already escaped) inside ``<body class="kind">``; ``kind`` is one of :data:`PAGE_KINDS`. Control characters
+    (a provider name's BEL or ESC) are written as visible ``\\xNN`` escapes (:func:`~kimi_eagle.apps.reports.
+    safe_text.visible`)."""
+    from kimi_eagle.apps.reports.safe_text import visible
+
     if kind not in PAGE_KINDS:
         raise ValueError(f"kind must be one of {PAGE_KINDS}, not {kind!r}")
-    return "\n".join([
+    return visible("\n".join([
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(page_title)}</title>",
         f"<style>\n{STYLESHEET}</style>",
@@ -327,7 +331,7 @@ def html_page(page_title: str, body: Sequence[str], kind: str) -> str:
         *body,
         "</body></html>",
         "",
-    ])
+    ]))
 
 
 def serving_evidence_html(lines: list[str] | None) -> list[str]:

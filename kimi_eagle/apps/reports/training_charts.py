@@ -8,6 +8,7 @@ the function returns the figure (a notebook displays it) and, given ``path``, al
 """
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -33,16 +34,24 @@ def _saved(fig: Figure, path: str | Path | None) -> Figure:
 # training
 
 
-def plot_history(history: Sequence[dict], path: str | Path | None = None, data: str = "real") -> Figure:
-    """Loss and accuracy of every unroll step over one training run; also written to ``path`` (PNG,
-    atomically) when given. Returns the figure."""
+def position_label(drafter: str, k: int) -> str:
+    """The name of the ``k``-th logged draft position: EAGLE-3's TTT step ``k``, DFlash's block slot ``k + 1`` (slot 0
+    is the anchor, never trained)."""
+    return f"block slot {k + 1}" if drafter == "dflash" else f"TTT step {k}"
+
+
+def plot_history(history: Sequence[dict], path: str | Path | None = None, data: str = "real",
+                 drafter: str = "eagle3") -> Figure:
+    """Loss and accuracy of every draft position (EAGLE-3: unroll step; DFlash: block slot) over one training run;
+    also written to ``path`` (PNG, atomically) when given. Returns the figure."""
     steps = [h["step"] for h in history]
     fig = Figure(figsize=(10, 3.6))
     a1, a2 = fig.subplots(1, 2)
     for k in range(len(history[0]["acc"])):
-        a1.plot(steps, [h["step_loss"][k] for h in history], label=f"step {k}", alpha=0.8)
-        a2.plot(steps, [h["acc"][k] for h in history], label=f"step {k}", alpha=0.8)
-    a1.set(title="soft cross-entropy per unroll step", xlabel="optimizer step", ylabel="loss")
+        a1.plot(steps, [h["step_loss"][k] for h in history], label=position_label(drafter, k), alpha=0.8)
+        a2.plot(steps, [h["acc"][k] for h in history], label=position_label(drafter, k), alpha=0.8)
+    per = "block slot" if drafter == "dflash" else "unroll step"
+    a1.set(title=f"cross-entropy per {per}", xlabel="optimizer step", ylabel="loss")
     a2.set(title="top-1 agreement with the target (draft vocab)", xlabel="optimizer step", ylabel="accuracy", ylim=(0, 1))
     a2.legend(fontsize=7)
     fig.suptitle(f"{data_tag(data)} drafter training", fontsize=10)
@@ -57,12 +66,14 @@ def write_train_curves(train_dir: str | Path) -> Path | None:
     history = read_history(train_dir / "train_log.jsonl")
     if not history:
         return None
-    plot_history(history, train_dir / TRAIN_CURVES).clear()  # a standalone figure: nothing else holds it
+    metrics = train_dir / "train_metrics.json"
+    drafter = (json.loads(metrics.read_text()).get("drafter") or "eagle3") if metrics.exists() else "eagle3"
+    plot_history(history, train_dir / TRAIN_CURVES, drafter=drafter).clear()  # a standalone figure: nothing else holds it
     return train_dir / TRAIN_CURVES
 
 
 def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None,
-                   data: str = "real") -> Figure:
+                   data: str = "real", drafter: str = "eagle3") -> Figure:
     """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
     per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
     ``train_log.jsonl`` path or its :func:`~kimi_eagle.eagle3.train.read_history` entries. Also written to
@@ -79,9 +90,9 @@ def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | 
         a_loss.plot(steps, [h["loss"] for h in history], style, label=name, **look)
         for k in range(len(history[0]["acc"]) if history else 0):
             a_acc.plot(steps, [h["acc"][k] for h in history], style, color=f"C{k}",
-                       label=f"TTT step {k}" if i == 0 else None, **look)
+                       label=position_label(drafter, k) if i == 0 else None, **look)
     styles = ", ".join(f"{list(LINE_STYLES.values())[i % len(LINE_STYLES)]}: {name}" for i, name in enumerate(runs))
-    a_loss.set(title="step-0 soft cross-entropy", xlabel="optimizer step")
+    a_loss.set(title="block-slot-1 cross-entropy" if drafter == "dflash" else "step-0 soft cross-entropy", xlabel="optimizer step")
     a_acc.set(xlabel="optimizer step", ylim=(0, 1))
     a_acc.set_title(f"agreement with the target\n({styles})", fontsize=10)
     a_loss.legend()
@@ -187,3 +198,26 @@ def plot_dose_response(table: Sequence[Mapping], reference_ids: str = "recon", t
 
 
 DRAFTER_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash"}
+
+
+def plot_rows_curve(curve: Sequence[Mapping], path: str | Path | None = None, data: str = "toy",
+                    title: str = "") -> Figure:
+    """τ and held-out next-token accuracy of each drafter against its training rows (``bench/drafters.py``'s
+    ``curve.json`` ``curve`` entries), with their 95 % intervals; log-scaled rows. Also written to ``path`` when given."""
+    fig = Figure(figsize=(10, 3.8))
+    a_tau, a_acc = fig.subplots(1, 2)
+    for i, drafter in enumerate(dict.fromkeys(r["drafter"] for r in curve)):
+        rows = sorted((r for r in curve if r["drafter"] == drafter), key=lambda r: r["rows"])
+        x = [r["rows"] for r in rows]
+        for ax, key in ((a_tau, "tau"), (a_acc, "next_token_acc")):
+            y = np.array([r[key] for r in rows])
+            ci = np.array([r[f"{key}_ci95"] for r in rows])
+            ax.errorbar(x, y, yerr=[y - ci[:, 0], ci[:, 1] - y], marker="o", capsize=3, color=f"C{i}",
+                        label=DRAFTER_NAMES.get(drafter, drafter))
+    a_tau.set(xscale="log", xlabel="training rows", ylabel="τ (greedy)", title="acceptance length on held-out prompts")
+    a_acc.set(xscale="log", xlabel="training rows", ylabel="accuracy", ylim=(0, 1),
+              title="held-out next-token agreement (teacher-forced)")
+    a_tau.legend()
+    fig.suptitle(f"{data_tag(data)} {title}".strip(), fontsize=10)
+    fig.tight_layout()
+    return _saved(fig, path)

@@ -35,7 +35,7 @@ line ``serving profile file X.toml: ...``.
 
 >>> profiles, aliases = load_profiles()
 >>> aliases["vllm"], profiles["vllm-legacy"].split_on
-('vllm-0.33', 'text')
+('vllm-0.34', 'text')
 """
 from __future__ import annotations
 
