@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test lint test-browser test-scale bench clean server-vectors
+.PHONY: install demo test lint test-browser test-scale test-calibration bench clean server-vectors
 
 # the install prints a line per stage and pip's line per package (no -q: a cold install takes minutes, never silently)
 PIP_INSTALL := $(PY) -m pip install --progress-bar off --disable-pip-version-check
@@ -32,7 +32,11 @@ lint: install
 
 # the real-browser test (tests/test_browser.py) runs whenever /usr/bin/chromium exists and skips itself otherwise
 test: install lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 tests
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --timeout 900 -m "not calibration" tests
+
+# the agent traces' provider calibration recomputed against docs/providers.md (issue 44; about 20 minutes on 2 cores)
+test-calibration: install
+	$(PY) -m pytest --timeout 3600 -m calibration tests
 
 test-browser: install
 	$(PY) -m pytest --timeout 600 -m browser tests

@@ -186,16 +186,42 @@ def encoding_problem(head: bytes) -> str | None:
     return None
 
 
-def iter_raw_lines(f: BinaryIO, offset: int = 0, chunk_size: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+MAX_LINE_BYTES = 128 << 20  # one record's line: collect keeps replies of at most 64 MiB (--max-body-bytes), requests
+# are far smaller; a longer line is refused by its size, unread (its strings are over the 400,000-character limit anyway)
+
+
+class LongLine(bytes):
+    """A line longer than the readers' limit, yielded in place of its bytes: ``size`` (its length in bytes) and
+    ``limit``. Its value is the line's first bytes and a NUL, never parseable JSON: :func:`parse_line` makes it an
+    error line naming the size, before any parse."""
+
+    size: int
+    limit: int
+
+    def __new__(cls, head: bytes, size: int, limit: int) -> "LongLine":
+        line = super().__new__(cls, head[:64] + b"\x00")
+        line.size, line.limit = size, limit
+        return line
+
+    def reason(self) -> str:
+        return (f"{self.size:,} bytes on one line, over the {self.limit:,}-byte limit of one record "
+                f"(refused by size, not parsed)")
+
+
+def iter_raw_lines(f: BinaryIO, offset: int = 0, chunk_size: int = 1 << 20,
+                   max_line_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(byte offset, line)`` for every physical line of a binary stream read from ``offset``.
 
     Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (universal newlines); the terminator is not part of
     the line. Blank lines are yielded too, so callers can count physical lines. Linear in the bytes read: each
     byte is scanned for a line end once, and a line longer than a read is kept in pieces joined once when it
-    ends (a 1 GB line costs what reading it costs, not a re-scan per read).
+    ends (a 1 GB line costs what reading it costs, not a re-scan per read). With ``max_line_bytes`` a longer line
+    is not kept: its bytes are counted as they stream by and a :class:`LongLine` is yielded for it (bounded
+    memory for any line length; a line of only whitespace stays blank).
     """
     pieces: list[bytes] = []  # the line still open, as read
     start, base, after_cr = offset, offset, False  # where the open line starts; where the chunk starts
+    held: list = []  # a line over max_line_bytes: [size so far, its first bytes, any non-blank byte, the limit]
     while chunk := f.read(chunk_size):
         skip = 1 if after_cr and chunk[:1] == b"\n" else 0  # the LF of a CRLF split between two reads
         start += skip
@@ -203,16 +229,38 @@ def iter_raw_lines(f: BinaryIO, offset: int = 0, chunk_size: int = 1 << 20) -> I
         pos = skip
         for end, after in _line_ends(chunk, skip):
             pieces.append(chunk[pos:end])
-            yield start, b"".join(pieces) if len(pieces) > 1 else pieces[0]
-            pieces, pos = [], after
+            yield start, _ended(pieces, held, max_line_bytes)
+            pieces, held, pos = [], [], after
             start = base + after
         if pos < len(chunk):
             pieces.append(chunk[pos:])
+            if max_line_bytes is not None:
+                pieces = _hold(pieces, held, max_line_bytes)
         base += len(chunk)
-    if pieces:
-        line = b"".join(pieces)
+    if pieces or held:
+        line = _ended(pieces, held, max_line_bytes)
         if line:
             yield start, line
+
+
+def _hold(pieces: list[bytes], held: list, limit: int) -> list[bytes]:
+    """Move the open line's pieces into ``held`` (size, head, non-blank) once it is longer than ``limit``."""
+    if not held:
+        if sum(map(len, pieces)) <= limit:
+            return pieces
+        held.extend([0, b"".join(pieces[:1])[:64], False, limit])
+    for piece in pieces:
+        held[0] += len(piece)
+        held[2] = held[2] or bool(piece.strip())
+    return []
+
+
+def _ended(pieces: list[bytes], held: list, limit: int | None) -> bytes:
+    """The line that just ended: its bytes, or a :class:`LongLine` when over ``limit`` (``b""``: only whitespace)."""
+    if not held and (limit is None or sum(map(len, pieces)) <= limit):
+        return b"".join(pieces) if len(pieces) > 1 else pieces[0] if pieces else b""
+    _hold(pieces, held, limit if limit is not None else held[3])
+    return LongLine(held[1], held[0], held[3]) if held[2] else b""
 
 
 def _line_ends(chunk: bytes, pos: int) -> Iterator[tuple[int, int]]:
@@ -335,6 +383,8 @@ def parse_line(raw: bytes, lineno: int) -> list[Line]:
     Never raises for bad input: invalid UTF-8 (with the byte offset), bad JSON, numbers Python cannot
     read, nesting deeper than ``MAX_DEPTH`` and several values on one line all become error lines.
     """
+    if isinstance(raw, LongLine):  # refused by its size before any parse (iter_raw_lines' max_line_bytes)
+        return [Line(lineno, None, f"line {lineno}: {raw.reason()}")]
     ok, obj = fast_loads(raw)  # orjson accepts only strict UTF-8, so a value it gives needs no decode first
     if ok:
         return [Line(lineno, obj, None)]
@@ -420,13 +470,14 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[Line]:
     """Yield every record of a JSONL file, parsed or with its error (never skipped, never raises for a bad line).
 
     Universal newlines (LF, CRLF, CR); blank lines are skipped but counted; a UTF-8 byte-order mark
-    is ignored. A file that is not UTF-8 at all (UTF-16/32) raises :class:`EncodingRefused` before
+    is ignored; a line over :data:`MAX_LINE_BYTES` is an error line naming its size, never held in memory. A
+    file that is not UTF-8 at all (UTF-16/32) raises :class:`EncodingRefused` before
     the first line. See :func:`parse_line` for what becomes an error line.
     """
     check_encoding(path)
     with open(path, "rb") as f:
-        for lineno, (_, raw) in enumerate(iter_raw_lines(f), 1):
-            if lineno == 1 and raw.startswith(UTF8_BOM):
+        for lineno, (_, raw) in enumerate(iter_raw_lines(f, max_line_bytes=MAX_LINE_BYTES), 1):  # read per call
+            if lineno == 1 and raw.startswith(UTF8_BOM) and not isinstance(raw, LongLine):
                 raw = raw[len(UTF8_BOM):]
             if raw.strip():
                 yield from parse_line(raw, lineno)

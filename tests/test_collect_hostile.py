@@ -94,26 +94,26 @@ def test_float_id(upstream, tmp_path):
 def test_endless_body(upstream, tmp_path):
     _, by, seconds = run(upstream, tmp_path, [{"id": "e", "prompt": "scenario:endless"}], max_body_bytes=1 << 20)
     assert by["e"]["error"]["kind"] == "exhausted" and "--max-body-bytes 1048576" in by["e"]["error"]["message"]
-    assert seconds < 30
+    assert seconds < 120  # a hang guard: the cap ends it, however slow the machine
 
 
 def test_endless_body_ends_at_the_deadline(upstream, tmp_path):
     _, by, seconds = run(upstream, tmp_path, [{"id": "e", "prompt": "scenario:endless"}], max_attempts=1,
                          max_body_bytes=1 << 40, response_timeout=2)
-    assert "response deadline (2 s" in by["e"]["error"]["message"] and seconds < 15
+    assert "response deadline (2 s" in by["e"]["error"]["message"] and seconds < 120  # hang guard
 
 
 def test_slow_body(upstream, tmp_path):
     _, by, seconds = run(upstream, tmp_path, [{"id": "s", "prompt": "scenario:slow"}], max_attempts=1,
                          timeout=5, response_timeout=3)
     assert by["s"]["error"]["kind"] == "exhausted" and "response deadline (3 s" in by["s"]["error"]["message"]
-    assert 3 <= seconds < 12
+    assert 3 <= seconds < 120  # the deadline fired (not before 3 s); the upper bound only guards a hang
 
 
 def test_retry_after_99999(upstream, tmp_path):
     _, by, seconds = run(upstream, tmp_path, [{"id": "r", "prompt": "scenario:retry-after"}], backoff_max=0.2)
     first, second = by["r"]["timing"]["attempt_log"]
-    assert first["status"] == 429 and first["wait_s"] == 0.2 and by["r"]["status"] == "ok" and seconds < 10
+    assert first["status"] == 429 and first["wait_s"] == 0.2 and by["r"]["status"] == "ok" and seconds < 120  # 99999 s not waited
 
 
 @pytest.mark.parametrize("scenario", ["echo-split", "echo-u", "echo-pct"],

@@ -111,7 +111,7 @@ def test_each_planted_attack_is_refused_before_anything_runs(case, tmp_path, cap
     assert message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err  # one line, no traceback
     assert not marker.exists() and not out.exists()
-    assert elapsed < 10, f"{case} took {elapsed:.1f} s"
+    assert elapsed < 120, f"{case} took {elapsed:.1f} s"  # refused up front: a hang guard, not a speed test
 
 
 def test_the_binary_payload_is_live_code_under_papermill_rendering(tmp_path):
@@ -181,7 +181,7 @@ def test_fuzzed_grid_yaml_gives_plain_data_or_a_grid_error(tmp_path, tokens):
         assert "\n" not in str(e).strip()
         return
     finally:
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 120  # a hang guard, not a speed test
     for run in runs:
         for name, value in run.params.items():
             check_value(value, name)  # would raise for anything but plain, finite, valid-Unicode data

@@ -59,6 +59,8 @@ def planted_stream(name: str) -> list[bytes]:
         second = {"completion_tokens": 30} if name == "usage-partial" else {"completion_tokens": 7}
         return sse([_chunk({"role": "assistant", "content": "hi"}), _chunk({}, "stop"), _chunk(None, usage=USAGE),
                     _chunk(None, usage=second)])
+    if name == "error-empty":  # issue 47: a whole answer whose chunks carry an empty error object (or null fields)
+        return sse([{**c, "error": {}} for c in full[:-1]] + [{**full[-1], "error": {"code": None, "message": None}}])
     if name in ("index-huge", "index-negative"):
         index = 10 ** 30 if name == "index-huge" else -1
         return sse([_chunk({"role": "assistant", "content": "hi"}, index=index), _chunk({}, "stop", index=index)])
@@ -163,6 +165,21 @@ def test_a_bom_before_the_first_event_drops_nothing(hostile, tmp_path):
     _, by = run(hostile, tmp_path, ["stream:bom"], STREAM)
     rec = by["stream:bom"]
     assert rec["status"] == "ok" and json.dumps(rec["response"]) == json.dumps(answer())
+
+
+def test_a_complete_stream_with_empty_error_fields_is_an_ok_record(hostile, tmp_path):
+    _, by = run(hostile, tmp_path, ["stream:error-empty"], STREAM)
+    rec = by["stream:error-empty"]
+    assert rec["status"] == "ok", rec.get("error")  # was: "stream carrying error None: None"
+    assert json.dumps(rec["response"]) == json.dumps(answer())
+
+
+def test_an_error_without_code_or_message_says_what_it_holds():
+    from kimi_eagle.apps.api.collect import error_outcome
+
+    said = error_outcome({"type": "overloaded"}, "stream carrying", {}).message
+    assert "None" not in said and "(no code)" in said and "overloaded" in said, said
+    assert "None" not in error_outcome({"code": None, "message": None}, "200 carrying", {}).message
 
 
 @pytest.mark.parametrize("name, says", [

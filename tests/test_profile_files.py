@@ -9,13 +9,13 @@ import pytest
 
 from kimi_eagle.assets import REPO_ROOT
 from kimi_eagle.serving.auto import CANDIDATES as CHOICE_CANDIDATES
-from kimi_eagle.serving.profile import ServingProfile
 from kimi_eagle.serving.profiles import (
     ALIASES,
     CANDIDATES,
     PROFILE_DIR,
     PROFILES,
     SERVING_CHOICES,
+    ServingProfile,
     get_profile,
     load_profiles,
     read_profiles,

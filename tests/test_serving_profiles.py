@@ -16,8 +16,7 @@ from kimi_eagle.chat.parse import ParseOptions, api_record
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_options
 from kimi_eagle.records import RecordError
 from kimi_eagle.serving.answer import parse_completion
-from kimi_eagle.serving.profile import ServingProfile
-from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.profiles import PROFILES, ServingProfile, get_profile
 from kimi_eagle.serving.request import deep_sort, preprocess_request
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 

@@ -87,9 +87,44 @@ def test_hunk_navigation_moves_and_wraps(inspector):
     assert inspector.hunk_index == 1 and current_hunk(inspector.html.value) == 1
     assert f"hunk 2/{n}" in inspector.position.value
     inspector.prev_button.click()
-    inspector.prev_button.click()
-    assert inspector.hunk_index == n - 1 and current_hunk(inspector.html.value) == n - 1
+    assert inspector.hunk_index == 0 and current_hunk(inspector.html.value) == 0
+    inspector.prev_button.click()  # before the first hunk: the previous listed record with hunks, at its last hunk
+    listed = [i for i in inspector.filtered_ids if inspector.records.set_index("id").loc[i, "verdict"] != "exact"]
+    assert inspector.current_id == listed[listed.index(rid) - 1]
+    m = len(inspector.record_verdict.hunks)
+    assert inspector.hunk_index == m - 1 and current_hunk(inspector.html.value) == m - 1
+    inspector.next_button.click()  # and back
+    assert inspector.current_id == rid and inspector.hunk_index == 0
     inspector.subclass_filter.value = "(all)"
+
+
+def test_next_hunk_on_a_records_last_hunk_moves_to_the_next_records_first_hunk(inspector):
+    """#46: "next hunk ▶" did nothing on a record's last hunk (it wrapped to the same, only hunk). It moves to the
+    next listed record with hunks, at its first hunk, and says so before the click; on the only hunk of the only
+    record with hunks both buttons are disabled, with a note."""
+    verdicts = inspector.records.set_index("id")["verdict"]
+    listed = [i for i in inspector.filtered_ids if verdicts[i] != "exact"]
+    assert len(listed) > 2
+    for here, there in zip(listed, listed[1:]):
+        inspector.record.value = here
+        n = len(inspector.record_verdict.hunks)
+        for _ in range(n - 1):
+            inspector.next_button.click()
+        assert inspector.current_id == here and inspector.hunk_index == n - 1
+        assert "(next ▶ goes to the next record)" in inspector.position.value and not inspector.next_button.disabled
+        inspector.next_button.click()
+        assert inspector.current_id == there and inspector.hunk_index == 0
+        assert current_hunk(inspector.html.value) == 0 and inspector.position.value.startswith("hunk 1/")
+    inspector.dataset.value = "glaive"
+    inspector.verdict_filter.value = "bpe_split"
+    single = [i for i in inspector.filtered_ids if len(classify(inspector.tok, *map(list, inspector.sequences[i][:2]),
+                                                               list(inspector.sequences[i][2])).hunks) == 1]
+    inspector.dataset.value = inspector.verdict_filter.value = "(all)"
+    assert single, "the benchmark has a record with one hunk"
+    only = DiffInspector(inspector.tok, inspector.records[inspector.records["id"] == single[0]], inspector.sequences)
+    assert only.position.value == "hunk 1/1: " + (only.record_verdict.hunks[0].subclass or only.record_verdict.hunks[0].kind) \
+        + " (the only hunk of the listed records)"
+    assert only.next_button.disabled and only.prev_button.disabled
 
 
 def test_exact_records_show_no_hunks(inspector):

@@ -48,6 +48,10 @@ def dflash_layer_ids(n_layers: int, count: int = NUM_TARGET_LAYERS) -> tuple[int
     return tuple(sorted({int(round(i * (n_layers - 1) / (n - 1))) for i in range(n)}))
 
 
+class MaskTokenInvalid(ValueError):
+    """A target's config.json sets a mask/pad/eos/unk id that is not a token id: refused, never skipped past."""
+
+
 def mask_token_id(target_dir: str | Path) -> int:
     """The mask token of a target, in its own id space (rows for a row-mapped tiny-kimi): Kimi's ``[PAD]`` for a
     Kimi-ID target, else the first of :data:`MASK_FALLBACK` its ``config.json`` sets (ValueError when none)."""
@@ -66,9 +70,16 @@ def mask_token_id(target_dir: str | Path) -> int:
         raise ValueError(f"{target_dir}: cannot read the target's config.json ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{target_dir}: config.json is not a JSON object")
+    vocab = config.get("vocab_size")
     for key in MASK_FALLBACK:
         value = config.get(key)
         value = value[0] if isinstance(value, list) and value else value
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < int(config.get("vocab_size", 0)):
+        if value is None:
+            continue
+        if type(value) is not int:  # "2", 2.0, true: refused, never skipped for the next key (unk 0 in its place)
+            raise MaskTokenInvalid(f"{target_dir}: config.json {key} is {str(value)[:40]!r}, not an integer token id; "
+                                   f"DFlash's mask token is the first of {', '.join(MASK_FALLBACK)} the config sets: "
+                                   "fix the config")
+        if type(vocab) is int and 0 <= value < vocab:
             return value
     raise ValueError(f"{target_dir}: config.json names no mask, pad, eos or unk token to use as DFlash's mask token")

@@ -83,9 +83,26 @@ def default_lr(drafter: str, dflash_recipe: str = DFLASH_RECIPE) -> float:
     return recipe(drafter, dflash_recipe).lr
 
 
+# the stated range of each bounded training setting (``train --steps/--block-size/--draft-layers``): the references
+# train blocks of 8 to 16 with 1 to 8 draft layers; 64 of either is far past them (and past a CPU's memory on Kimi)
+RANGES = {"steps": (1, 10_000_000), "block_size": (2, 64), "draft_layers": (1, 64)}
+OPTION = {"steps": "--steps", "block_size": "--block-size", "draft_layers": "--draft-layers"}
+
+
+def check_ranges(cfg) -> None:
+    """ValueError naming the option, its value and its range for a setting of ``cfg`` outside :data:`RANGES`
+    (``None``: the recipe's, always inside)."""
+    for name, (low, high) in RANGES.items():
+        value = getattr(cfg, name)
+        if value is not None and (type(value) is not int or not low <= value <= high):
+            raise ValueError(f"{OPTION[name]} {value!r}: outside {low:,}..{high:,}")
+
+
 def resolve(cfg):
     """``cfg`` (a TrainConfig) with ``lr``, ``block_size`` and ``draft_layers`` left ``None`` filled from its drafter's
-    recipe (EAGLE-3 has no block: the DFlash kit recipe's values are kept so that configs compare equal)."""
+    recipe (EAGLE-3 has no block: the DFlash kit recipe's values are kept so that configs compare equal); a setting
+    outside :data:`RANGES` is refused first (before any data is read or memory taken)."""
+    check_ranges(cfg)
     r = recipe(cfg.drafter, cfg.dflash_recipe)
     block = DFLASH_RECIPES[DFLASH_RECIPE] if r.block_size is None else r
     return replace(cfg, lr=r.lr if cfg.lr is None else cfg.lr,

@@ -296,8 +296,28 @@ def open_training_data(cfg: TrainConfig):
 
         return OnlineHiddenStates(cfg.target, cfg.data, cfg.layer_ids)
     data = open_hidden_states(cfg.data, cfg.target)
+    check_layer_set(cfg, data.layer_ids)  # issue 48: another drafter's layer set is refused by name, not by a shape
     check_hidden_finite(data)  # issue 37: NaN/Inf hidden states are refused by file, row and tensor before step 1
     return data
+
+
+def check_layer_set(cfg: TrainConfig, layer_ids: Sequence[int]) -> None:
+    """ValueError naming both layer sets when ``cfg.drafter`` cannot read hidden states of ``layer_ids`` (EAGLE-3
+    reads exactly 3 target layers: a DFlash extraction holds 5)."""
+    from kimi_eagle.eagle3.layers import DRAFTER_LAYERS
+
+    default, count = DRAFTER_LAYERS[cfg.drafter]
+    ids = [int(i) for i in layer_ids]
+    if count is None or len(ids) == count:
+        return
+    config = read_config_json(Path(cfg.target) / "config.json", "target config")
+    n_layers = (config.get("text_config") or config).get("num_hidden_layers")
+    sets = {d: list(f(n_layers)) for d, (f, _) in DRAFTER_LAYERS.items()} if isinstance(n_layers, int) else {}
+    of = next((f" (the {d} layer set)" for d, want in sets.items() if want == ids and d != cfg.drafter), "")
+    want = f" ({sets[cfg.drafter]} for this target)" if cfg.drafter in sets else ""
+    raise ValueError(f"{cfg.data}: its hidden states hold target layers {ids}{of}; the {cfg.drafter} drafter reads "
+                     f"{count} layers{want}: extract them with `kimi-eagle extract --drafter {cfg.drafter}`, or train "
+                     f"the drafter this data was extracted for (--drafter)")
 
 
 def draft_vocabulary(data, size: int) -> draft_vocab.DraftVocab:
@@ -341,6 +361,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, world: int = 1, rank: int = 0):
         cfg = recipes.resolve(cfg)  # the recipe's defaults for what cfg leaves None (before any checkpoint comparison)
         self.cfg, self.world, self.rank = cfg, world, rank
+        self.mask = self._mask_token()  # a target config with a bad mask/pad/eos id is refused before any data is read
         self.data = open_training_data(cfg)
         self.vocab = draft_vocabulary(self.data, cfg.draft_vocab_size)
         self.fingerprint = data_fingerprint(self.data, self.vocab)
@@ -371,13 +392,17 @@ class Trainer:
         """The drafter and its loss (:func:`kimi_eagle.eagle3.recipes.build_drafter`)."""
         cfg = self.cfg
         target_config = SimpleNamespace(**read_config_json(Path(cfg.target) / "config.json", "target config"))  # no transformers import
-        mask = None
-        if cfg.drafter == "dflash":
-            from kimi_eagle.eagle3.dflash_config import mask_token_id
-
-            mask = mask_token_id(cfg.target)
         return recipes.build_drafter(cfg, target_config, target_tensor(cfg.target, "embed_tokens.weight"),
-                                     target_tensor(cfg.target, "lm_head.weight"), self.vocab, self.data.layer_ids, mask)
+                                     target_tensor(cfg.target, "lm_head.weight"), self.vocab, self.data.layer_ids,
+                                     self.mask)
+
+    def _mask_token(self) -> int | None:
+        """DFlash's mask token (:func:`kimi_eagle.eagle3.dflash_config.mask_token_id`); None for EAGLE-3."""
+        if self.cfg.drafter != "dflash":
+            return None
+        from kimi_eagle.eagle3.dflash_config import mask_token_id
+
+        return mask_token_id(self.cfg.target)
 
     @property
     def end_step(self) -> int:

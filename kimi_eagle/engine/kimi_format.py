@@ -23,8 +23,7 @@ from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.chat.parse import SECTION_BEGIN, THINK_END, ParseOptions
 from kimi_eagle.records import RecordError
 from kimi_eagle.serving.answer import parse_completion
-from kimi_eagle.serving.profile import ServingProfile
-from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.profiles import PROFILES, ServingProfile, get_profile
 from kimi_eagle.serving.request import history_call_count, preprocess_request, served_prompt_pieces
 from kimi_eagle.tokenize.tokenizer import Tokenizer, special_id
 

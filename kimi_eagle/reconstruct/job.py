@@ -26,10 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from kimi_eagle import io as kit_io
 from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import FORMATS, Format, get_format
-from kimi_eagle.io import UTF8_BOM, atomic_path, check_encoding, iter_raw_lines, write_json
+from kimi_eagle.io import UTF8_BOM, LongLine, atomic_path, check_encoding, iter_raw_lines, write_json
 from kimi_eagle.reconstruct.columns import columnar_table
 from kimi_eagle.reconstruct.record import ReconstructOptions, error_row, reconstruct_line
 from kimi_eagle.tokenize.tokenizer import Tokenizer, load_tokenizer
@@ -278,23 +279,56 @@ def _chunk_records(buf: bytes, limit: int, lineno: int, cr: bool) -> tuple[Any, 
 
 
 def record_chunks(f: Any, chunk_size: int = 1 << 20) -> Iterator[tuple[Any, Any]]:
-    """:func:`record_starts` a chunk at a time: numpy arrays ``(byte offsets, line numbers)`` of its records."""
+    """:func:`record_starts` a chunk at a time: numpy arrays ``(byte offsets, line numbers)`` of its records.
+
+    Linear for any line length: an unended line longer than a read (and than 64 bytes) is not kept; it is held as
+    its offset and whether it is blank, and stands in as one byte (``{`` or a space) once its end is read."""
     import numpy as np
 
     buf, base, lineno, eof = b"", 0, 0, False  # base: the file offset of buf[0]
+    held: list = []  # a long unended line: [its file offset, any non-blank byte, file offset of the read]
+    gap = 0  # bytes of a held line that buf[0] stands in for (added to the offsets after buf[0])
     while not eof:
         chunk = f.read(chunk_size)
         eof = not chunk
-        buf = buf + chunk if buf else chunk
+        if held:
+            if _held_goes_on(held, chunk, eof):
+                continue
+            end = _first_eol(chunk)
+            end = len(chunk) if end < 0 else end
+            blank = not (held[1] or chunk[:end].strip())
+            buf, base = (b" " if blank else b"{") + chunk[end:], held[0]
+            gap, held = held[2] + end - held[0] - 1, []
+        else:
+            buf = buf + chunk if buf else chunk
         cr = b"\r" in buf
         limit = len(buf) - 1 if cr and not eof and buf.endswith(b"\r") else len(buf)
         offsets, numbers, n_lines, start = _chunk_records(buf, limit, lineno, cr)
         lineno += n_lines
-        yield offsets + base, numbers
-        base += start
+        yield offsets + base + np.where(offsets > 0, gap, 0), numbers
+        if start > 0:
+            base, gap = base + start + gap, 0
         buf = buf[start:]
+        if len(buf) > max(chunk_size, 64) and not buf.endswith(b"\r") and not eof:  # hold it, do not grow it
+            held, buf = [base, bool(buf.strip()), base + len(buf)], b""
     if buf and _is_record(buf, 0, len(buf), lineno + 1):
         yield np.array([base]), np.array([lineno + 1])
+
+
+def _first_eol(chunk: bytes) -> int:
+    """Where the first line end (LF or CR) of ``chunk`` is, or -1."""
+    ends = [i for i in (chunk.find(b"\n"), chunk.find(b"\r")) if i >= 0]
+    return min(ends) if ends else -1
+
+
+def _held_goes_on(held: list, chunk: bytes, eof: bool) -> bool:
+    """Whether the held long line goes on past ``chunk`` (no line end in it, not the end of the file); if so the
+    chunk is counted into it (``held[2]``: the file offset of the next read) and dropped."""
+    if eof or _first_eol(chunk) >= 0:
+        return False
+    held[1] = held[1] or bool(chunk.strip())
+    held[2] += len(chunk)
+    return True
 
 
 class _Scan:
@@ -373,15 +407,17 @@ def _read_shard(path: Path, offset: int, lineno: int, shard_size: int, end: int 
     lines: list[tuple[int, bytes]] = []
     with open(path, "rb") as f:
         f.seek(offset)
-        data = f.read(end - offset) if end is not None else None
+        limit = kit_io.MAX_LINE_BYTES  # read at call time (a test may lower it)
+        data = f.read(end - offset) if end is not None and end - offset <= limit else None  # no line over it
         if data is not None and b"\r" not in data:
             raws: Iterable[bytes] = data.split(b"\n")  # the piece after the last LF is empty or the unended last line
             if lineno > 1 and not raws[-1] and len(raws) <= shard_size + 1 and all(r[:1] == b"{" for r in raws[:-1]):
                 return list(zip(range(lineno, lineno + len(raws) - 1), raws[:-1]))  # every line a record: none to skip
         else:
-            raws = (raw for _, raw in iter_raw_lines(f if data is None else io.BytesIO(data), offset))
+            raws = (raw for _, raw in iter_raw_lines(f if data is None else io.BytesIO(data), offset,
+                                                     max_line_bytes=limit))  # a longer line: a LongLine
         for raw in raws:
-            if lineno == 1 and raw.startswith(UTF8_BOM):
+            if lineno == 1 and raw.startswith(UTF8_BOM) and not isinstance(raw, LongLine):
                 raw = raw[len(UTF8_BOM):]
             if raw.startswith(b"{") or raw.strip():  # a record's line is not copied again
                 lines.append((lineno, raw))

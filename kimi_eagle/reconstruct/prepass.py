@@ -17,9 +17,10 @@ import os
 from dataclasses import replace
 from typing import Any, Callable
 
+from kimi_eagle import io as kit_io
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
-from kimi_eagle.io import fast_loads
+from kimi_eagle.io import LongLine, fast_loads, iter_raw_lines
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_groups, serving_options
 from kimi_eagle.records import RecordError
@@ -48,9 +49,12 @@ def reconstruct_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], di
 
 
 def _records(path: str | os.PathLike) -> Any:
-    """The file's good records (bad lines skipped: the job names them)."""
+    """The file's good records (bad lines skipped: the job names them), cut into lines as the job cuts them; a line
+    over :data:`~kimi_eagle.io.MAX_LINE_BYTES` is skipped unread (the job refuses it by its size)."""
     with open(path, "rb") as f:
-        for line in f:
+        for _, line in iter_raw_lines(f, max_line_bytes=kit_io.MAX_LINE_BYTES):
+            if isinstance(line, LongLine) or not line.strip():
+                continue
             try:
                 parsed, value = fast_loads(line)  # orjson where it provably agrees with json.loads
                 yield as_api_record(value if parsed else json.loads(line))

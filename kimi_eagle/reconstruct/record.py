@@ -35,8 +35,7 @@ from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
 from kimi_eagle.reconstruct.usage import usage_details
 from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
 from kimi_eagle.redact import KEY_FLAG
-from kimi_eagle.serving.profile import ServingProfile
-from kimi_eagle.serving.profiles import PROFILES, get_profile
+from kimi_eagle.serving.profiles import PROFILES, ServingProfile, get_profile
 from kimi_eagle.serving.provider_table import (
     completion_side_explained,
     entry_applies,

@@ -293,6 +293,14 @@ def _ordered(d: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
     return {**{k: d[k] for k in order if k in d}, **{k: v for k, v in d.items() if k not in order}}
 
 
+def carries_error(value: Any) -> bool:
+    """Whether a chunk's ``error`` field says something: not null, not empty, not an object whose every field is
+    null or empty (some servers send ``"error": {}`` or ``{"code": null, "message": null}`` on every chunk)."""
+    if isinstance(value, dict):
+        return any(carries_error(v) for v in value.values())
+    return value is not None and value is not False and value != "" and value != []
+
+
 class StreamAssembler:
     """Merges chunks one at a time (see the module docstring); ``response()`` is the answer so far."""
 
@@ -310,7 +318,7 @@ class StreamAssembler:
             raise StreamError(f"{where}: expected a JSON object, got {type(chunk).__name__}")
         if json_depth(chunk) > MAX_DEPTH:
             raise StreamError(f"{where}: nested more than {MAX_DEPTH} levels deep")
-        if chunk.get("error") is not None:
+        if carries_error(chunk.get("error")):  # `"error": {}` or all-null fields on a whole answer: no error event
             self.error = chunk["error"]
         for key, value in chunk.items():
             if key in PER_CHUNK_FIELDS or key == "error":

@@ -3,9 +3,11 @@
 One module per concern:
 
 =====================  ===============================================================================================
-``profile``            :class:`ServingProfile`: the fields a serving stack is described by, and their allowed values
-``profiles/``          the profile TOML files, one per server version, their loader and the loaded registry
+``profiles/``          what a profile is (:class:`ServingProfile`, its fields and their values), the TOML files (one
+                       per server version), their loader and the loaded registry
 ``request``            the request side: what a server does to messages and tools before and after the template
+``vllm_request``       what vLLM refuses (HTTP 400) and hands the template
+``sglang_request``     what SGLang refuses and hands the template
 ``detokenizer``        what a server's detokenizer makes of engine IDs (the text its parsers read)
 ``parser_engine``      the Kimi-K2 marker lexer and state machine today's servers' parsers share
 ``vllm_answer``        the API message vLLM returns for a completion

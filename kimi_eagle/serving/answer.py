@@ -32,8 +32,7 @@ from kimi_eagle.chat.parse import (
     parse_written,
 )
 from kimi_eagle.serving.legacy_answer import parse_served_text
-from kimi_eagle.serving.profile import ServingProfile
-from kimi_eagle.serving.profiles import get_profile
+from kimi_eagle.serving.profiles import ServingProfile, get_profile
 from kimi_eagle.serving.sglang_answer import parse_sglang
 from kimi_eagle.serving.vllm_answer import parse_served
 from kimi_eagle.tokenize.tokenizer import Tokenizer

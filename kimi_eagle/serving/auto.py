@@ -33,8 +33,7 @@ from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.serving.periods import scope
-from kimi_eagle.serving.profile import ServingProfile
-from kimi_eagle.serving.profiles import CANDIDATES, PROFILES
+from kimi_eagle.serving.profiles import CANDIDATES, PROFILES, ServingProfile
 from kimi_eagle.serving.provider_table import entry_applies, record_entry, unexplained_sides
 from kimi_eagle.serving.request import history_call_count, preprocess_request, served_prompt_pieces
 from kimi_eagle.serving.variants import template_format

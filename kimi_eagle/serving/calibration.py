@@ -629,6 +629,12 @@ def table_rows(rows: Iterable[dict]) -> list[tuple[str, ...]]:
     return out
 
 
+COLUMN_KEY = ("columns: n = the group's records; variant = the server-side variant that explains the most billed counts; "
+              "prompt, completion = records whose billed count equals the reconstruction under it (equal/compared); "
+              "held-out = learned on one half of the group, scored on the other; residual = billed - reconstructed "
+              "where they differ")
+
+
 def table_text(rows: list[dict], skipped: int = 0) -> str:
     """A markdown table of :func:`table_rows` and the totals against the issue's targets."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -648,6 +654,7 @@ def table_text(rows: list[dict], skipped: int = 0) -> str:
     if thin:
         lines.append(f"thin evidence (rendered with the best variant, rows flagged provider_table_thin): {'; '.join(thin)}")
     lines.append(f"rule: {STATUS_RULE}")
+    lines.append(COLUMN_KEY)
     if skipped:
         lines.append(f"{skipped} record(s) left out (not an API record, no request, or no known chat format)")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import ServingProfile
 
 THINK, THINK_END = "<think>", "</think>"
 SECTION_BEGIN = "<|tool_calls_section_begin|>"

@@ -2,7 +2,7 @@
 
 vLLM and SGLang preprocess a request's messages and tools before Moonshot's ``apply_chat_template`` (arguments
 re-serialised, tool text parts joined, ``None`` keys dropped, tools deep-sorted) and tokenize the rendered prompt
-whole. :func:`preprocess_request` applies a :class:`~kimi_eagle.serving.profile.ServingProfile`'s prompt side to
+whole. :func:`preprocess_request` applies a :class:`~kimi_eagle.serving.profiles.ServingProfile`'s prompt side to
 request messages and tools, and :func:`served_prompt_pieces` to the rendered prompt pieces (``marker_text``).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from kimi_eagle.chat.completion import CONTENT, SPECIAL, Piece
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError
-from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import ServingProfile
 
 # --------------------------------------------------------------------------------------------
 # Prompt side
@@ -163,9 +163,11 @@ def _request_rules(name: str) -> tuple[Any, Any]:
     """``(check, served)`` of a server version's request side: its refusals, then what it hands on."""
     if name == "sglang-0.5":
         from kimi_eagle.serving import sglang_request as rules
-    else:
-        from kimi_eagle.serving import vllm_request as rules
-    return rules.check, rules.served_request
+
+        return rules.check, rules.served_request
+    from kimi_eagle.serving import vllm_request as rules
+
+    return (lambda request: rules.check(request, version=name)), rules.served_request
 
 
 def serve_request(request: dict, profile: ServingProfile) -> tuple[dict, list[dict], list | None]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kimi_eagle.chat.completion import ToolCall, Turn
-from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import ServingProfile
 
 RANDOM_ID = "chatcmpl-tool-"
 

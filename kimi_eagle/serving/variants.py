@@ -108,7 +108,7 @@ from kimi_eagle.chat.completion import CONTENT, SPECIAL, TEXT, Piece, Turn, tojs
 from kimi_eagle.chat.formats import KIMI_DEFAULT_SYSTEM, Format, Message, get_format
 from kimi_eagle.chat.k2_0905 import TOOLS_HEADING, KimiK2Instruct0905, declaration_0905
 from kimi_eagle.chat.tool_decl import typescript_or_none
-from kimi_eagle.serving.profile import ServingProfile
+from kimi_eagle.serving.profiles import ServingProfile
 from kimi_eagle.serving.request import deep_sort, preprocess_request
 
 # dimension -> its values, the default first (knowledge as data: add a value here and a function below)

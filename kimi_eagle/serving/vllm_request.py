@@ -1,8 +1,9 @@
-"""The request side of vLLM 0.34: which chat requests it refuses (HTTP 400), and what it hands the template.
+"""The request side of vLLM 0.33 and 0.34: which chat requests they refuse (HTTP 400), and what they hand the template.
 
 vLLM reads a request into OpenAI's typed messages (or its own catch-all message) before anything else; a request
 that fits none is refused. The rules below are its observable behaviour (vLLM 0.34.0, ``vllm launch render``),
-checked against its recorded answers (``tests/data/servers/vllm-0.34.requests.jsonl.gz``):
+checked against its recorded answers (``tests/data/servers/vllm-0.34.requests.jsonl.gz``; 0.33's,
+``vllm-0.33.requests.jsonl.gz``, are the same but for an empty ``tools`` array, which 0.33 refuses first):
 
 * a message fits one of OpenAI's messages (:func:`_openai_ok`: ``content`` required but for assistant messages, a
   string or text parts; ``name`` a string; a tool message's ``tool_call_id`` a string) or vLLM's catch-all (any
@@ -172,8 +173,11 @@ def _choice_problem(request: dict) -> str | None:
     return None
 
 
-def check(request: dict) -> dict:
-    """``request`` if vLLM 0.34 renders it, else :class:`Refusal` with the reason."""
+def check(request: dict, version: str = "vllm-0.34") -> dict:
+    """``request`` if that vLLM version renders it, else :class:`Refusal` with the reason (``vllm-0.33`` refuses an
+    empty ``tools`` array before anything else; 0.34 reads it as no tools)."""
+    if version == "vllm-0.33" and request.get("tools") == []:
+        raise Refusal("tools is an empty array (omit it or give a tool)")
     messages = request.get("messages")
     if not isinstance(messages, list):
         raise Refusal("messages is not a list")

@@ -271,7 +271,10 @@ def error_outcome(err: Any, what: str, response: Any, retry_after: float | None 
     code = err.get("code")
     kind = "retry" if not isinstance(code, int) or isinstance(code, bool) or code in RETRY_STATUS or code >= 500 \
         else "permanent"
-    message = redactor.cut(f"{what} error {code}: {err.get('message')}", SNIPPET_CHARS + 40)
+    said = err.get("message")
+    if said is None:  # no message: what the error object holds, never "None"
+        said = json.dumps({k: v for k, v in err.items() if k != "code"}, ensure_ascii=False) if len(err) > 1 or "code" not in err else "no message"
+    message = redactor.cut(f"{what} error {'(no code)' if code is None else code}: {said}", SNIPPET_CHARS + 40)
     return Outcome(kind, message, response, retry_after)
 
 

@@ -140,7 +140,7 @@ def summarize(pairs: Sequence[dict], providers: Sequence[str], has_reference: bo
             diffs = [r["length_diff"] for r in rows]
             per_pair[f"{a}|{b}"] = {"a": a, "b": b, "kind": kind, **cell, "not_compared": errors,
                                     "first_divergence": firsts,
-                                    "median_first_divergence": median(firsts) if firsts else None,
+                                    "median_first_divergence": _median(firsts),
                                     "mean_abs_length_diff": sum(map(abs, diffs)) / len(diffs) if diffs else None,
                                     "length_diff_nonzero": sum(d != 0 for d in diffs)}
     ranking = []
@@ -150,7 +150,16 @@ def summarize(pairs: Sequence[dict], providers: Sequence[str], has_reference: bo
         diverged = [r for r in rows if not r["identical"]]
         firsts = [r["first_divergence"] for r in diverged if r["first_divergence"] is not None]
         ranking.append({"provider": p, "against": REFERENCE if has_reference else "other providers",
-                        **_rate(len(diverged), len(rows)), "median_first_divergence": median(firsts) if firsts else None})
+                        **_rate(len(diverged), len(rows)), "median_first_divergence": _median(firsts)})
     ranking.sort(key=lambda r: (-(r["rate"] or 0), r["median_first_divergence"] if r["median_first_divergence"] is not None else 1e9))
     return {"providers": list(providers), "names": names, "matrix": matrix, "pairs": per_pair,
             "divergence_ranking": ranking}
+
+
+def _median(positions: list[int]) -> int | float | None:
+    """The median token position: a whole number as an int (``9``, never ``9.0``), between two as ``9.5``; None
+    for none."""
+    if not positions:
+        return None
+    m = median(positions)
+    return int(m) if float(m).is_integer() else float(m)

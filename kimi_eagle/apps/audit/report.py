@@ -93,18 +93,23 @@ def divergence_steps(pair: dict[str, Any], max_tokens: int | None) -> tuple[list
 
 
 def first_divergence_figure(summary: dict[str, Any]) -> Figure:
-    """Per compared pair, the share of prompts diverged by each token position (dashed: against the reference)."""
+    """Per compared pair, the share of prompts diverged by each token position (dashed: against the reference).
+    Pairs whose curves are identical are drawn once, their legend entry naming every pair (``x vs y = ref vs y``):
+    drawn one on top of the other, all but the last were invisible (#46)."""
     fig, ax = figure((8, 4.5))
     max_tokens = summary.get("settings", {}).get("max_tokens")
-    drawn = 0
+    curves: dict[tuple, list[dict[str, Any]]] = {}  # pairs with the same curve share one line and one legend entry
     for p in summary["pairs"].values():
-        if not p["n"]:
-            continue
-        xs, ys = divergence_steps(p, max_tokens)
-        ax.plot(xs, ys, label=plain(f"{p['a']} vs {p['b']} ({len(p['first_divergence'])}/{p['n']} diverge)"),
-                linestyle="--" if p["kind"] == "reference" else "-")
-        drawn += 1
-    if drawn:
+        if p["n"]:
+            xs, ys = divergence_steps(p, max_tokens)
+            curves.setdefault((tuple(xs), tuple(ys)), []).append(p)
+    for (xs, ys), same in curves.items():
+        names = " = ".join(f"{p['a']} vs {p['b']}" for p in same)
+        p = same[0]
+        ax.plot(xs, ys, label=plain(f"{names} ({len(p['first_divergence'])}/{p['n']} diverge"
+                                    + (", identical curves)" if len(same) > 1 else ")")),
+                linestyle="--" if all(q["kind"] == "reference" for q in same) else "-")
+    if curves:
         ax.legend(fontsize=8)
     else:
         no_data(ax, "compared pairs")

@@ -136,10 +136,14 @@ def _write_parquet(rows: list[dict], path: Path, columns: Sequence[str]) -> None
     import pandas as pd
 
     df = pd.DataFrame(rows, columns=list(columns))
+    for col in INTEGER_COLUMNS.intersection(df.columns):  # whole numbers even beside a missing one: token 9, never 9.0
+        df[col] = df[col].astype("Int64")
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
 
 
+INTEGER_COLUMNS = frozenset({"repeat", "n_tokens", "first_divergence", "len_a", "len_b", "length_diff", "n_hunks", "hunk",
+                             "a_tok_start", "a_tok_end", "b_tok_start", "b_tok_end"})  # token positions and counts
 COMPLETION_COLUMNS = ("prompt_id", "provider", "repeat", "status", "stage", "error", "n_tokens", "finish_reason", "ids")
 PAIR_COLUMNS = ("prompt_id", "kind", "a", "b", "repeat", "status", "error", "identical", "verdict", "label",
                 "first_divergence", "len_a", "len_b", "length_diff", "n_hunks")

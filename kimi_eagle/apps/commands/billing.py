@@ -7,6 +7,7 @@ from pathlib import Path
 from kimi_eagle.apps.cli import add_main_input, add_option
 from kimi_eagle.apps.reports.billing_report import DATA_LABELS, write_billing
 from kimi_eagle.apps.reports.outputs import add_figure_options, refuse_other_report, use_figure_options
+from kimi_eagle.apps.reports.toolkit import number
 from kimi_eagle.data_kinds import REAL, SIMULATED, TOY, model_kind, settle
 from kimi_eagle.diff.run import read_labels, read_reconstructed
 from kimi_eagle.io import check_parquet
@@ -59,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
             **({"labels": str(labels_path)} if labels_path else {})}
     summary = write_billing(tok, rows, args.out, data, meta, labels)
     a = summary["all"]
-    gap = "n/a" if a["gap_pct"] is None else f"{a['gap_pct']:+.3f}% " + (
-        f"(95% CI {a['gap_pct_lo']:+.3f} … {a['gap_pct_hi']:+.3f})" if a["gap_pct_lo"] is not None else "(n too small for a CI)")
+    gap = "n/a" if a["gap_pct"] is None else f"{number(a['gap_pct'], '+.3f')}% " + (
+        f"(95% CI {number(a['gap_pct_lo'], '+.3f')} … {number(a['gap_pct_hi'], '+.3f')})" if a["gap_pct_lo"] is not None else "(n too small for a CI)")
     print(f"billing-only evidence: {summary['n_records']} records {summary['verdict_class']}; gap {gap} of "
           f"{a['billed_tokens']:,} billed tokens -> {Path(args.out) / 'report.html'}")
     if acc := summary.get("accuracy"):

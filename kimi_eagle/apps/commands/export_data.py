@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kimi_eagle.apps.cli import POSITIVE_INT, add_option
+from kimi_eagle.apps.cli import POSITIVE_INT, Number, add_option
 from kimi_eagle.apps.interop.export_data import TARGETS, _target_config, export_data
 from kimi_eagle.reconstruct.job import output_lock
 
@@ -17,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                help="output directory")
     p.add_argument("--target", help="target model directory (its config.json gives vocab size, layers, hidden size)")
     p.add_argument("--vocab-size", type=POSITIVE_INT, help="target vocabulary size (default: from --target)")
-    p.add_argument("--n-layers", type=POSITIVE_INT, help="target decoder layers, for the run configs (default: from --target)")
+    p.add_argument("--n-layers", type=Number(int, 1, MAX_LAYERS),
+                   help=f"target decoder layers, 1 to {MAX_LAYERS}, for the run configs; with --target it must be the "
+                        "target's (default: from --target)")
     p.add_argument("--hidden-size", type=POSITIVE_INT, help="target hidden size, for the run configs (default: from --target)")
     p.add_argument("--max-length", type=POSITIVE_INT, help="cut rows to this many tokens (counted as truncated)")
     p.add_argument("--drop-flag", action="append", default=None, metavar="FLAG",
@@ -30,6 +32,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 DEFAULT_DROP_FLAGS = ("literal_marker", "dropped_by_server")
+MAX_LAYERS = 1024  # decoder layers of a target (Kimi-K2.5 has 61)
+
+
+def check_target_shape(args: argparse.Namespace, cfg: dict) -> None:
+    """ValueError when ``--n-layers``/``--hidden-size`` contradict the target's ``config.json`` (the layer ids of the
+    run configs must exist in the target) or the config's own value is not a whole number in range."""
+    for option, key, given in (("--n-layers", "num_hidden_layers", args.n_layers),
+                               ("--hidden-size", "hidden_size", args.hidden_size)):
+        have = cfg.get(key)
+        if key in cfg and (type(have) is not int or have < 1 or (key == "num_hidden_layers" and have > MAX_LAYERS)):
+            bound = f"1..{MAX_LAYERS}" if key == "num_hidden_layers" else "1 or more"
+            raise ValueError(f"--target {args.target}: config.json {key} is {str(have)[:40]!r}, not a whole number "
+                             f"in {bound}")
+        if given is not None and have is not None and given != have:
+            raise ValueError(f"{option} {given}: the target {args.target} has {have} ({key} in its config.json); "
+                             f"leave {option} out or give {have}")
+
+
+def check_drop_flags(flags: list[str]) -> None:
+    """ValueError for a ``--drop-flag`` no reconstructed row carries (a typo would silently drop nothing and
+    replace the default drop flags), listing the valid ones."""
+    from kimi_eagle.reconstruct.flags import ROW_FLAGS, is_row_flag
+
+    unknown = [f for f in flags if not is_row_flag(f)]
+    if unknown:
+        raise ValueError(f"--drop-flag {unknown[0]!r}: not a flag of reconstructed rows; valid: {', '.join(ROW_FLAGS)}, choices_dropped:N, stray_marker:TEXT")
 
 
 def _drop_flags(args: argparse.Namespace) -> list[str]:
@@ -40,6 +68,12 @@ def _drop_flags(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = _target_config(args.target)
+    check_target_shape(args, cfg)  # before any row is read
+    check_drop_flags(_drop_flags(args))
+    if args.target and args.to == "speculators":
+        from kimi_eagle.apps.interop.configs import target_mask_token
+
+        target_mask_token(args.target, int(args.vocab_size or cfg.get("vocab_size") or 0))  # a bad id: refused now
     vocab_size = args.vocab_size or cfg.get("vocab_size")
     if not vocab_size:
         raise ValueError("give --vocab-size or --target")

@@ -11,11 +11,19 @@ from pathlib import Path
 
 import torch
 
-from kimi_eagle.apps.cli import NONNEG_FLOAT, NONNEG_INT, POSITIVE_FLOAT, POSITIVE_INT, add_main_input, add_option
+from kimi_eagle.apps.cli import (
+    NONNEG_FLOAT,
+    NONNEG_INT,
+    POSITIVE_FLOAT,
+    POSITIVE_INT,
+    Number,
+    add_main_input,
+    add_option,
+)
 from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
 from kimi_eagle.apps.reports.training_charts import write_train_curves
 from kimi_eagle.eagle3.losses import WEIGHTINGS
-from kimi_eagle.eagle3.recipes import DFLASH_RECIPE, DFLASH_RECIPES, EAGLE3
+from kimi_eagle.eagle3.recipes import DFLASH_RECIPE, DFLASH_RECIPES, EAGLE3, RANGES
 from kimi_eagle.eagle3.train import TrainConfig, train_drafter
 from kimi_eagle.reconstruct.job import output_lock
 from kimi_eagle.reuse import note_training, reused_line
@@ -30,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="HF target model directory")
     add_option(p, "-o", "--output", aliases=("--out",), dest="out", required=True,
                help="output directory (drafter/, checkpoint/)")
-    p.add_argument("--steps", type=POSITIVE_INT, default=d.steps)
+    p.add_argument("--steps", type=_ranged("steps"), default=d.steps, help="optimizer steps (at most 10,000,000)")
     p.add_argument("--ttt-steps", type=POSITIVE_INT, default=d.ttt_steps)
     p.add_argument("--drafter", choices=("eagle3", "dflash"), default=d.drafter,
                    help="eagle3 (a chain drafter) or dflash (a block drafter; extract its layer set with "
@@ -41,10 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         for r in DFLASH_RECIPES.values())
     p.add_argument("--dflash-recipe", choices=tuple(DFLASH_RECIPES), default=DFLASH_RECIPE,
                    help=f"dflash: whose training recipe sets the defaults below (docs/eagle3.md) — {recipes}")
-    p.add_argument("--block-size", type=POSITIVE_INT, default=d.block_size,
-                   help="dflash: the anchor plus mask tokens per block (default: the recipe's)")
-    p.add_argument("--draft-layers", type=POSITIVE_INT, default=d.draft_layers,
-                   help="dflash: decoder layers of the drafter (default: the recipe's)")
+    p.add_argument("--block-size", type=_ranged("block_size"), default=d.block_size,
+                   help="dflash: the anchor plus mask tokens per block, 2 to 64 (default: the recipe's)")
+    p.add_argument("--draft-layers", type=_ranged("draft_layers"), default=d.draft_layers,
+                   help="dflash: decoder layers of the drafter, 1 to 64 (default: the recipe's)")
     p.add_argument("--dflash-weighting", choices=WEIGHTINGS, default=d.dflash_weighting,
                    help="dflash: slot weights — power (step-weight^(j-1)), exp (exp(-(j-1)/gamma)), dpace (D-PACE, "
                         "hard CE only); default: the recipe's")
@@ -69,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--threads", type=POSITIVE_INT, default=1, help="torch CPU threads (1 is fastest for small targets on a busy machine)")
     add_figure_options(p)
+
+
+def _ranged(setting: str) -> Number:
+    """The argparse type of a bounded training setting (:data:`kimi_eagle.eagle3.recipes.RANGES`)."""
+    low, high = RANGES[setting]
+    return Number(int, low, high)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import torch
 import yaml
 
-from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, KIMI_MASK_TOKEN_ID, mask_token_id
+from kimi_eagle.eagle3.dflash_config import BLOCK_SIZE, KIMI_MASK_TOKEN_ID, MaskTokenInvalid, mask_token_id
 from kimi_eagle.eagle3.layers import convention_table, drafter_layer_ids, speculators_layer_ids, trainer_layer_ids
 from kimi_eagle.io import write_json, write_text
 
@@ -133,6 +133,8 @@ def target_mask_token(target: str, vocab_size: int) -> int | None:
     if (Path(target) / "config.json").is_file():
         try:
             return mask_token_id(target)
+        except MaskTokenInvalid:  # a set id that is not one (eos_token_id "2"): never another token in its place
+            raise
         except ValueError:  # a config naming no mask/pad/eos/unk: the EAGLE-3 export must not fail for it
             return None
     return KIMI_MASK_TOKEN_ID if vocab_size == KIMI_K25["vocab_size"] else None

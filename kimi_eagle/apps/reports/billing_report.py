@@ -49,6 +49,7 @@ from kimi_eagle.apps.reports.toolkit import (
     left_out_paragraph,
     left_out_section,
     no_data,
+    number,
     plain,
     provider_table_html,
     save,
@@ -154,6 +155,37 @@ def summarize_billing(records: pd.DataFrame, data: str = "real") -> dict[str, An
     }
 
 
+# reconstruction flags that leave a record's token count uncertain: an unexplained verdict names each one its row
+# carries, so a record cut inside its tool-call arguments is never a bare "unexplained +94" (#46)
+FLAG_CAUSES = {
+    "args_not_json": "tool-call arguments that are not JSON, as when the record is cut inside them: their tokens are "
+                     "the text's encoding, not necessarily the model's",
+    "truncated_in_tool_call": "cut inside the tool section: how many closing markers follow the last call is chosen",
+    "truncation_ambiguous": "cut inside the tool section, and no candidate ending matches the billed count",
+    "dropped_by_server": "a cut tool call the server dropped: the billed tokens past the known text are not in it",
+    "literal_marker": "marker text in the answer: the model may have written special tokens there",
+    "reasoning_dropped": "the API dropped the reasoning: its tokens are billed but not in the text",
+    "choices_dropped": "an n > 1 answer: only choices[0] is reconstructed",
+}
+
+
+def name_flags(records: pd.DataFrame) -> pd.DataFrame:
+    """``records`` (:func:`~kimi_eagle.diff.billing.reconcile_rows`' frame) with the reason of every unexplained
+    verdict naming the reconstruction flags of :data:`FLAG_CAUSES` its row carries, and what each means:
+    ``…; +94 completion tokens that no known convention explains; the reconstruction flagged args_not_json
+    (tool-call arguments that are not JSON …)``."""
+    def said(row: pd.Series) -> Any:
+        flags = [f for f in (list(row["flags"]) if row["flags"] is not None else []) if f.split(":")[0] in FLAG_CAUSES]
+        if row["verdict"] != "unexplained" or not flags:
+            return row["reason"]
+        named = "; ".join(f"{f} ({FLAG_CAUSES[f.split(':')[0]]})" for f in flags)
+        return f"{row['reason']}; the reconstruction flagged {named}"
+
+    if len(records):
+        records["reason"] = records.apply(said, axis=1)
+    return records
+
+
 def worst_records(records: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     """The unexplained records with the largest |unexplained tokens| (ties: larger |delta| first)."""
     un = records[records["verdict"] == "unexplained"]
@@ -224,7 +256,7 @@ def chart_gap(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
         v = t[what].astype(float).to_numpy()
         err = np.clip(np.array([v - t[f"{what}_lo"].astype(float), t[f"{what}_hi"].astype(float) - v]), 0, None)
         bars = ax1.bar(x + off, v, 0.4, yerr=err, capsize=4, color=color, label=label)
-        ax1.bar_label(bars, labels=[f"{val:+.3f}%" + ("" if np.isfinite(e) else f"\n(n < {BOOTSTRAP_MIN_N}: no CI)")
+        ax1.bar_label(bars, labels=[number(val, "+.3f") + "%" + ("" if np.isfinite(e) else f"\n(n < {BOOTSTRAP_MIN_N}: no CI)")
                                     for val, e in zip(v, t[f"{what}_lo"].astype(float))], padding=3, fontsize=7)
         tops.append(v + np.nan_to_num(err[1]))
         bottoms.append(v - np.nan_to_num(err[0]))
@@ -253,18 +285,46 @@ def chart_verdicts(table: pd.DataFrame, by: str, path: Path, data: str) -> Path:
     left = np.zeros(len(t))
     y = np.arange(len(t))
     ax.set_yticks(y, [plain(v) for v in t[by]])  # names are data, never mathtext
+    segments: list[tuple[int, str, int, Any]] = []  # (row, verdict class, count, bar) of every drawn segment
     for c in VERDICTS:
         v = t[c].to_numpy(dtype=float)
         if v.sum():
             bars = ax.barh(y, v, left=left, color=CLASS_COLORS[c], label=c)
-            ax.bar_label(bars, labels=[f"{int(k)}" if k else "" for k in v], label_type="center", fontsize=8, color="#fff")
+            segments += [(i, c, int(k), bar) for i, (k, bar) in enumerate(zip(v, bars)) if k]
             left += v
     evidence_title(ax, f"Billing verdicts per {by}", data, EVIDENCE_TAG)
     ax.set(xlabel="records", ylabel=by)
     count_axis(ax, float(left.max(initial=0)), None, axis="x")
     if len(t):
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _segment_counts(fig, ax, segments, y, left)
     return save(fig, path)
+
+
+def _segment_counts(fig: Any, ax: Any, segments: list[tuple[int, str, int, Any]], y: np.ndarray,
+                    ends: np.ndarray) -> None:
+    """Each segment's count inside it (white) when it fits there; the counts of segments too narrow for theirs
+    (``1`` of 48 records) beside the bar's end, with their verdict (``1 unexplained``), the axis widened so that
+    they stay inside the frame: a count is never cut by its segment's edge (#46)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig.tight_layout()
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    beside: dict[int, list[str]] = {}
+    for row, cls, k, bar in segments:
+        text = ax.text(bar.get_x() + bar.get_width() / 2, y[row], f"{k}", ha="center", va="center", fontsize=8,
+                       color="#fff")
+        if text.get_window_extent(renderer).width + 8 > bar.get_window_extent(renderer).width:  # 4 px each side
+            text.remove()
+            beside.setdefault(row, []).append(f"{k} {cls}")
+    notes = [ax.annotate(", ".join(said), (ends[row], y[row]), xytext=(4, 0), textcoords="offset points",
+                         ha="left", va="center", fontsize=8, color="#333") for row, said in beside.items()]
+    for _ in range(6):  # widen until the notes fit (a symlog axis moves them, so again)
+        frame = ax.get_window_extent(renderer)
+        over = max((n.get_window_extent(renderer).x1 - frame.x1 for n in notes), default=0.0)
+        if over <= -2:
+            break
+        ax.set_xlim(right=ax.transData.inverted().transform((frame.x1 + over + 6, 0))[0])
 
 
 def make_charts(records: pd.DataFrame, summary: dict[str, Any], out: Path,
@@ -307,7 +367,7 @@ Image = Callable[[str, str], str]
 
 
 def _pct(v: float | None) -> str:
-    return "–" if v is None or v != v else f"{v:+.3f}%"
+    return "–" if v is None or v != v else number(v, "+.3f") + "%"
 
 
 def _headline_html(summary: dict[str, Any]) -> list[str]:
@@ -345,7 +405,7 @@ def _with_ci(v: float | None, lo: float | None, hi: float | None) -> str:
 
 
 def _share(v: float | None) -> str:
-    return "–" if v is None or v != v else f"{100 * v:.1f}%"
+    return "–" if v is None or v != v else number(100 * v, ".1f") + "%"
 
 
 def group_tables(rows: list[dict[str, Any]], by: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -518,7 +578,7 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     if data not in DATA_LABELS:
         raise ValueError(f"data must be one of {DATA_LABELS}, not {data!r}")
     out = Path(out_dir)
-    records = reconcile_rows(tok, recon_rows)
+    records = name_flags(reconcile_rows(tok, recon_rows))
     with atomic_path(out / "billing_records.parquet") as tmp:
         pq.write_table(pa.Table.from_pandas(records, schema=BILLING_SCHEMA, preserve_index=False), tmp)
     summary = summarize_billing(records, data)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from kimi_eagle import data_kinds
@@ -164,6 +165,9 @@ def save(fig: Figure, path: str | Path, dpi: int = 110, tight: bool = True) -> P
     ``--figure-format`` beside it, at ``--dpi`` when given (:func:`kimi_eagle.apps.reports.outputs.chart_files`)."""
     from kimi_eagle.apps.reports.outputs import chart_files
 
+    for text in fig.findobj(Text):  # no chart says "-0.0" (a bar label, an annotation, a title)
+        if NEGATIVE_ZERO.search(text.get_text()):
+            text.set_text(zero_without_sign(text.get_text()))
     if tight and fig.get_layout_engine() is None:
         fig.tight_layout()
     if fit_titles(fig) and not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
@@ -211,13 +215,34 @@ def is_number(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
+def no_negative_zero(text: str, signed: bool = False) -> str:
+    """A formatted number that rounds to zero never keeps its minus (``-0.000`` → ``0.000``, or ``+0.000`` when
+    ``signed``; ``-0%`` → ``0%``); any other text is returned as it is."""
+    if text[:1] in "-−" and not any(c in "123456789" for c in re.split(r"[eE]", text)[0]) and any(c == "0" for c in text):
+        return ("+" if signed else "") + text[1:]
+    return text
+
+
+NEGATIVE_ZERO = re.compile(r"(?<![\w.])[-−](?=0(?:\.0+)?(?![\d.]))")  # "-0", "−0.000" as a whole number
+
+
+def zero_without_sign(text: str) -> str:
+    """Every whole number in ``text`` that is a negative zero (``-0``, ``−0.000``) written without its minus."""
+    return NEGATIVE_ZERO.sub("", text)
+
+
+def number(v: Any, spec: str) -> str:
+    """``format(v, spec)`` without a negative zero (:func:`no_negative_zero`; a ``+`` spec keeps ``+0``)."""
+    return no_negative_zero(format(v, spec), signed="+" in spec)
+
+
 def html_cell(v: Any, float_format: str = "{:.3f}") -> str:
     """One ``<td>``: a number right-aligned (class ``num``, ``float_format`` for a float), text left-aligned and
     :func:`breakable`; missing as ``–``."""
     if v is None or (is_number(v) and isinstance(v, (float, np.floating)) and math.isnan(v)):
         return "<td class='num'>–</td>"
     if is_number(v):
-        text = float_format.format(v) if isinstance(v, (float, np.floating)) else f"{int(v)}"
+        text = no_negative_zero(float_format.format(v)) if isinstance(v, (float, np.floating)) else f"{int(v)}"
         return f"<td class='num'>{html.escape(text)}</td>"
     text = str(v)
     if len(text) <= SHORT_TOKEN and not any(c.isspace() for c in text):  # a short name or id: kept whole

@@ -339,13 +339,37 @@ class DiffInspector:
             self.hunk_index = 0 if self.record_verdict.hunks else None
         self._render()
 
+    def _with_hunks(self) -> list[str]:
+        """The listed records that have hunks to step through (every verdict but ``exact``), in the list's order."""
+        verdicts = self.records.set_index("id")["verdict"]
+        return [i for i in self.filtered_ids if verdicts[i] != "exact"]
+
+    def _next_record(self, delta: int) -> str | None:
+        """The record whose hunk ``step(delta)`` moves to when it leaves this record (past its last hunk, or before
+        its first): the next (previous) listed record with hunks, wrapping around the list; None when this record
+        is the only one with hunks."""
+        ids = self._with_hunks()
+        if not ids or ids == [self.current_id]:
+            return None
+        k = ids.index(self.current_id) if self.current_id in ids else (-1 if delta > 0 else 0)
+        return ids[(k + delta) % len(ids)]
+
     def step(self, delta: int) -> None:
-        """Move to the previous (-1) or next (+1) hunk, wrapping around."""
+        """Move to the previous (-1) or next (+1) hunk. Past a record's last hunk "next" moves to the first hunk of
+        the next listed record with hunks (before its first, "previous" to the previous record's last hunk),
+        wrapping around the list; a record that is the only one with hunks wraps around its own hunks."""
         if self.record_verdict is None or not self.record_verdict.hunks:
             return
-        n = len(self.record_verdict.hunks)
-        self.hunk_index = ((self.hunk_index or 0) + delta) % n
-        self._render()
+        n, k = len(self.record_verdict.hunks), (self.hunk_index or 0) + delta
+        other = None if 0 <= k < n else self._next_record(delta)
+        if other is None:
+            self.hunk_index = k % n
+            self._render()
+            return
+        self.record.value = other  # selects it (its first hunk)
+        if delta < 0 and self.record_verdict is not None and self.record_verdict.hunks:
+            self.hunk_index = len(self.record_verdict.hunks) - 1
+            self._render()
 
     # -- view
 
@@ -367,13 +391,21 @@ class DiffInspector:
             return
         n = len(v.hunks)
         kind = n and (v.hunks[self.hunk_index].subclass or v.hunks[self.hunk_index].kind)
-        self.position.value = f"hunk {self.hunk_index + 1}/{n}: {kind}" if n else "no hunks"
-        self.prev_button.disabled = self.next_button.disabled = n == 0
+        alone = self._next_record(+1) is None  # stepping never leaves this record
+        position = f"hunk {self.hunk_index + 1}/{n}: {kind}" if n else "no hunks"
+        # a button that would change nothing (the only hunk of the only record with hunks) is disabled, and says so
+        if n == 1 and alone:
+            position += " (the only hunk of the listed records)"
+        elif n and self.hunk_index == n - 1 and not alone:
+            position += " (next ▶ goes to the next record)"
         rid = html.escape(self.current_id or "")
         head = (f"<p><b>{rid}</b> — verdict <b>{v.verdict}</b>, label <b>{v.label}</b>"
                 f"{' (' + ', '.join(v.subclasses) + ')' if v.subclasses else ''}; engine {v.n_engine} tokens, "
                 f"reconstructed {v.n_recon}; token delta ({TOKEN_DELTA_SIGN}) {v.token_delta:+d}; {n} hunks"
                 f"{'; engine canonical: ' + str(v.engine_canonical) if v.engine_canonical is not None else ''}</p>")
-        # the window around the current hunk first, right below the controls; the table of all hunks after it
+        # the window around the current hunk first, right below the controls; the table of all hunks after it.
+        # The view is set before the position line, so a page that sees the new position sees the new view.
         self.html.value = (head + aligned_html(self.tok, v, self.hunk_index, self.context.value, window=True)
                            + hunk_table_html(v, self.hunk_index))
+        self.prev_button.disabled = self.next_button.disabled = n == 0 or (n == 1 and alone)
+        self.position.value = position
