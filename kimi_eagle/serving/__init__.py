@@ -8,6 +8,7 @@ One module per concern:
 ``request``            the request side: what a server does to messages and tools before and after the template
 ``vllm_request``       what vLLM refuses (HTTP 400) and hands the template
 ``sglang_request``     what SGLang refuses and hands the template
+``refusal``            a server's refusal of a request (status and reason); lone surrogates
 ``detokenizer``        what a server's detokenizer makes of engine IDs (the text its parsers read)
 ``parser_engine``      the Kimi-K2 marker lexer and state machine today's servers' parsers share
 ``vllm_answer``        the API message vLLM returns for a completion

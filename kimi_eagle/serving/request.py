@@ -17,6 +17,7 @@ from kimi_eagle.chat.completion import CONTENT, SPECIAL, Piece
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError
 from kimi_eagle.serving.profiles import ServingProfile
+from kimi_eagle.serving.refusal import LONE_SURROGATE
 
 # --------------------------------------------------------------------------------------------
 # Prompt side
@@ -193,14 +194,13 @@ def serve_request(request: dict, profile: ServingProfile) -> tuple[dict, list[di
 
 
 SERVED = "_served"  # what a server version decided about a request beyond its messages (request_rules)
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _replaced(value: Any) -> tuple[Any, bool]:
     """``value`` with every lone surrogate in its strings replaced by U+FFFD, and whether one was (a copy where so;
     request JSON is depth-bounded where it is read)."""
     if isinstance(value, str):
-        return (_LONE_SURROGATE.sub("\ufffd", value), True) if _LONE_SURROGATE.search(value) else (value, False)
+        return (LONE_SURROGATE.sub("\ufffd", value), True) if LONE_SURROGATE.search(value) else (value, False)
     if isinstance(value, list):
         pairs = [_replaced(v) for v in value]
         return ([v for v, _ in pairs], True) if any(c for _, c in pairs) else (value, False)

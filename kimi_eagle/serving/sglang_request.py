@@ -26,6 +26,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kimi_eagle.serving.refusal import Refusal
+
 GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "latest_reminder", "root")
 # part type -> (required string fields, the nested object and its required string fields)
 PART_FIELDS: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...]]] = {
@@ -51,14 +53,6 @@ NESTED_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depen
 NESTED_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 NESTED_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
               "unevaluatedItems", "unevaluatedProperties")
-
-
-class Refusal(ValueError):
-    """The server's refusal: ``status`` and the reason, in the kit's words."""
-
-    def __init__(self, reason: str, status: int = 400):
-        super().__init__(reason)
-        self.status = status
 
 
 def _opt_str(value: Any) -> bool:

@@ -24,25 +24,17 @@ settings (``chat_template_kwargs``) under ``_served``.
 """
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from kimi_eagle.serving.refusal import LONE_SURROGATE, Refusal
 
 KNOWN_PARTS = ("audio_embeds", "audio_url", "image_embeds", "image_pil", "image_url", "input_audio", "input_image",
                "input_text", "output_text", "prompt_embeds", "refusal", "text", "thinking", "tool_reference",
                "video_embeds", "video_url")
 MEDIA_PARTS = ("audio_embeds", "audio_url", "image_embeds", "image_pil", "image_url", "input_audio", "input_image",
                "video_embeds", "video_url", "prompt_embeds")
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 OPENAI_ROLES = ("developer", "system", "user", "assistant", "tool", "function")
 TEXT_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
-
-
-class Refusal(ValueError):
-    """The server's refusal: ``status`` and the reason, in the kit's words."""
-
-    def __init__(self, reason: str, status: int = 400):
-        super().__init__(reason)
-        self.status = status
 
 
 def _call_ok(call: Any) -> bool:

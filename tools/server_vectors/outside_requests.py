@@ -42,16 +42,6 @@ SHAREGPT_MAX_CHARS = 3000
 SHAREGPT_MAX_REQUESTS = 1000
 
 
-def dumps(obj) -> str:
-    """One JSON line; lone surrogates (which UTF-8 cannot hold) are written as \\u escapes."""
-    try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"))
-
-
 def short_hash(*parts) -> str:
     return hashlib.sha256("\x00".join(map(str, parts)).encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
@@ -440,16 +430,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--out", required=True)
     a = p.parse_args(argv)
     meta, rows = build(a.seed, a.generated)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from shared import compact_requests, dumps_line, write_jsonl_gz
+
     if a.out.endswith(".gz"):  # the committed form: gzip, deterministic, repeated tools and messages named once
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from shared import compact_requests, write_jsonl_gz
         meta["compacted"] = "tools_from / messages_from name an earlier request's tools / first N messages"
         write_jsonl_gz(Path(a.out), [{"meta": meta}, *compact_requests(rows)])
     else:
         with open(a.out, "w", encoding="utf-8") as f:
-            f.write(dumps({"meta": meta}) + "\n")
+            f.write(dumps_line({"meta": meta}) + "\n")
             for r in rows:
-                f.write(dumps(r) + "\n")
+                f.write(dumps_line(r) + "\n")
     print(f"{len(rows)} requests ({meta['not_generated']} not generated) -> {a.out}: {meta['composition']}",
           file=sys.stderr)
     return 0
