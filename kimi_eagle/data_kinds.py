@@ -39,6 +39,7 @@ WHAT = {
 }
 TAGS = {REAL: "[REAL data]", SIMULATED: "[SIMULATED data]", TOY: "[REAL engine, toy model (not Kimi's rates)]"}
 TOY_MODELS = {"stories260k": "stories260K", "tiny-kimi": "tiny-kimi", "tiny_kimi": "tiny-kimi"}
+NOT_RECORDED = "[kind not recorded]"  # the tag of outputs whose inputs state no kind: never read as real (#46)
 
 
 def stand_in(what: str) -> str:
@@ -100,7 +101,7 @@ def settle(stated: str | None, inferred: str, why: str, option: str = "--data") 
     >>> settle(None, "simulated", "labels.parquet beside it")
     ('simulated', None)
     >>> settle("toy", "real", "no labels")
-    ('toy', '--data toy overrides the inputs\\' real (no labels)')
+    ('toy', "--data toy overrides the inputs' real (no labels)")
     >>> settle("real", "simulated", "labels.parquet beside it")
     Traceback (most recent call last):
     ValueError: --data real: the inputs are simulated data (labels.parquet beside it); leave --data out or give --data simulated

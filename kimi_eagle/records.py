@@ -226,12 +226,13 @@ def response_rows(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def collect_metrics(summary: dict[str, Any], rows: list[dict[str, Any]], local_server: bool,
-                    model: str = "stories260K") -> dict[str, Any]:
+                    model: str = "stories260K", base_url: str | None = None) -> dict[str, Any]:
     """``metrics.json`` of a collection: prompts, ok/errors and tokens of the output file, this run's requests
     and retries, what it reused (:mod:`kimi_eagle.reuse`), cost, wall time and requests per second from the
     collector's ``summary``; finish reasons counted over ``rows`` (most frequent first); ``data``: the data kind
-    (:mod:`kimi_eagle.data_kinds`): a local server of ``model`` stands in for a provider, else ``real``."""
-    from kimi_eagle.data_kinds import REAL, stand_in
+    (:mod:`kimi_eagle.data_kinds`): a local server of ``model`` stands in for a provider (the one the notebook
+    started, ``local_server``, or any server on this machine at ``base_url``), else ``real``."""
+    from kimi_eagle.data_kinds import REAL, provider_kind, stand_in
     from kimi_eagle.reuse import note_collect
 
     totals, wall = summary["totals"], summary["seconds"]
@@ -245,5 +246,6 @@ def collect_metrics(summary: dict[str, Any], rows: list[dict[str, Any]], local_s
         "reasoning_tokens": totals["reasoning_tokens"], "cost_usd": totals["cost"],
         "seconds": wall, "requests_per_s": round(summary["requested"] / wall, 3) if wall else None,
         "finish_reasons": {str(k): int(v) for k, v in finish.most_common()},
-        "local_server": local_server, "data": stand_in(f"{model} served locally") if local_server else REAL,
+        "local_server": local_server, "data": stand_in(f"{model} served locally") if local_server
+        else provider_kind(base_url, model) if base_url else REAL,
     }

@@ -60,8 +60,8 @@ PINNED = {
         "thin", "template + tools=ts, tool_call_offset=1", (8, 8), (8, 8), (2, 2), (2, 2)),
     ("Chutes", "moonshotai/kimi-k2.5-0127", "all"): ("thin", "vllm-0.33", (8, 8), (8, 8), (4, 5), (5, 5)),
     ("DeepInfra", "moonshotai/kimi-k2-0905", "all"): (
-        "unexplained", "template + template=k2-0905, tools=json, schema=vllm, tool_result=id-line, "
-        "history_call_offset=-1, completion_offset=-1, tool_answer=chars-estimate", (19, 34), (34, 34), (9, 19), (19, 19)),
+        "unexplained", "template + schema=vllm-no-strict, history_ids=verbatim, completion_offset=-1, "
+        "tool_answer=chars-estimate", (22, 34), (34, 34), (12, 19), (19, 19)),
     ("WandB", "moonshotai/kimi-k2-0905", "all"): (
         "explained", "template + schema=vllm, history_content=openai-repr", (16, 16), (16, 16), (9, 9), (9, 9)),
 }
@@ -229,9 +229,9 @@ def test_held_out_parity(rows, records):
 def test_corpus_totals_against_the_targets(rows):
     t = totals(rows)
     assert t["prompt_no_tools"] == (89, 89)  # target 98 %: met (100 %)
-    assert t["prompt_tools"] == (257, 272)  # target 90 %: met (94.5 %)
+    assert t["prompt_tools"] == (260, 272)  # target 90 %: met (95.6 %)
     assert t["completion"] == (357, 361)  # target <= 2 % unexplained: met (1.1 %)
-    assert t["held_out_prompt"] == (165, 180) and t["held_out_completion"] == (178, 180)
+    assert t["held_out_prompt"] == (168, 180) and t["held_out_completion"] == (176, 180)
 
 
 def test_the_shipped_table_is_the_calibration_of_the_recorded_corpus(rows):

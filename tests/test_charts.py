@@ -252,9 +252,10 @@ def test_tau_chart_has_intervals_and_names_the_model(tmp_path):
     lo, hi = intervals["EAGLE-3 (engine IDs)"]["greedy"]
     assert lo == pytest.approx(2.0 - 1.96 * 0.2 / 3 ** 0.5) and hi == pytest.approx(2.0 + 1.96 * 0.2 / 3 ** 0.5)
     assert intervals["EAGLE-3 (recon IDs)"]["greedy"] == pytest.approx((2.1, 2.1))
+    # told no kind, the chart says so: never "[REAL data]" (#46)
     fig = plot_tau(tau_table(reports), ("greedy",), title="τ with k=4", intervals=intervals, model="stories260K")
     ax = rendered(fig, tmp_path).axes[0]
-    assert title(ax) == "[REAL data] τ with k=4 — target stories260K (error bars: 95% interval over prompts)"
+    assert title(ax) == "[kind not recorded] τ with k=4 — target stories260K (error bars: 95% interval over prompts)"
     assert legend(ax) == ["EAGLE-3 (engine IDs)", "EAGLE-3 (recon IDs)"]
     caps = [line for c in ax.containers if hasattr(c, "errorbar") and c.errorbar for line in c.errorbar.lines[1]]
     assert caps, "error bars are drawn"

@@ -189,7 +189,8 @@ def test_resume_refuses_changed_settings(sharegpt_records, tmp_path):
 
 def _reference_output(src, out, shard_size):
     """What the file job wrote before the columnar writer: per shard, ``reconstruct_line`` rows converted by
-    ``pyarrow.array`` per column, duplicates marked in order, streamed into one parquet (one row group a shard)."""
+    ``pyarrow.array`` per column, duplicates marked in order, streamed into one parquet (one row group a shard) whose
+    schema carries the records' source (#46: :mod:`kimi_eagle.reconstruct.source`)."""
     from kimi_eagle.chat.encoder import PieceEncoder
     from kimi_eagle.chat.formats import get_format
     from kimi_eagle.reconstruct import job
@@ -198,7 +199,8 @@ def _reference_output(src, out, shard_size):
     tok = job.load_tokenizer(kimi_dir())
     fmt, enc, first = get_format("kimi-k2.5", tok), PieceEncoder(tok), {}
     n, starts, _ = job._shard_starts(src, shard_size)
-    writer = pq.ParquetWriter(out, job.reconstruction_schema(), use_dictionary=False)
+    source = job.source_metadata(job.api_source(src))
+    writer = pq.ParquetWriter(out, job.reconstruction_schema().with_metadata(source), use_dictionary=False)
     for offset, lineno in starts:
         rows = [r for ln, raw in job._read_shard(src, offset, lineno, shard_size)
                 for r in reconstruct_line(raw, ln, tok, fmt, ReconstructOptions(), enc)]

@@ -43,12 +43,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kimi_eagle.engine.id_map import ID_MAP_FILE, IdMap
+from kimi_eagle.engine.id_map import ID_MAP_FILE, MANIFEST_FILE, MANIFEST_KIND, IdMap
 from kimi_eagle.io import atomic_path, read_jsonl, write_bytes, write_json, write_jsonl, write_text
 from kimi_eagle.tokenize.tokenizer import KimiTokenizer, Tokenizer
 
-MANIFEST_FILE = "manifest.json"
-MANIFEST_KIND = "kimi-eagle tiny-kimi"
 TOKENIZER_FILES = ("tiktoken.model", "tokenizer_config.json")
 SOURCES = ("glaive", "reason-tool-use", "sharegpt")
 DEFAULT_STEPS = 150

@@ -199,21 +199,28 @@ class KimiK25:
 
 
 class _ToolIds:
-    """The templates' ``tool_call_counter`` and ``tool_response_queue``."""
+    """The templates' ``tool_call_counter`` and ``tool_response_queue``; with ``request_ids`` a revision of the
+    templates that writes the request's own ``id`` and ``tool_call_id`` where they are given."""
 
-    def __init__(self) -> None:
+    def __init__(self, request_ids: bool = False) -> None:
         self.counter = 0
         self.queue: list[str] = []
+        self.request_ids = request_ids
 
     def calls(self, calls: list[dict]) -> list[str]:
         ids = []
         for call in calls:
-            ids.append(f"functions.{_j(call['function']['name'])}:{self.counter}")
+            own = call.get("id") if self.request_ids else None
+            ids.append(_j(own) if own else f"functions.{_j(call['function']['name'])}:{self.counter}")
             self.counter += 1
         self.queue += ids
         return ids
 
     def response(self, m: Message) -> str:
+        if self.request_ids and m.get("tool_call_id"):
+            if self.queue:
+                self.queue.pop(0)
+            return _j(m["tool_call_id"])
         if self.queue:
             return self.queue.pop(0)
         return f"functions.{_j(m.get('name', 'unknown'))}:{self.counter}"
@@ -227,6 +234,7 @@ class KimiK2Thinking:
 
     name: str = "kimi-k2-thinking"
     continuation: bool = False
+    request_ids: bool = False  # history ids as the request gives them (a revision of the template; calibration)
 
     def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
         last = -1
@@ -240,7 +248,7 @@ class KimiK2Thinking:
         if not messages or messages[0]["role"] != "system":
             out += [("<|im_system|>", SPECIAL), ("system", TEXT), ("<|im_middle|>", SPECIAL),
                     (KIMI_DEFAULT_SYSTEM, TEXT), ("<|im_end|>", SPECIAL)]
-        ids = _ToolIds()
+        ids = _ToolIds(self.request_ids)
         for i, m in enumerate(messages):
             out += _role_header(m)
             role = m["role"]
@@ -273,13 +281,14 @@ class KimiK2Instruct:
 
     name: str = "kimi-k2-instruct"
     continuation: bool = False
+    request_ids: bool = False  # history ids as the request gives them (a revision of the template; calibration)
 
     def prompt_pieces(self, messages: Sequence[Message], tools: list | None = None) -> list[Piece]:
         out: list[Piece] = []
         if tools:
             out += [("<|im_system|>", SPECIAL), ("tool_declare", TEXT), ("<|im_middle|>", SPECIAL),
                     (tojson(tools), CONTENT), ("<|im_end|>", SPECIAL)]
-        ids = _ToolIds()
+        ids = _ToolIds(self.request_ids)
         for i, m in enumerate(messages):
             if i == 0 and messages[0]["role"] != "system":
                 out += [("<|im_system|>", SPECIAL), ("system", TEXT), ("<|im_middle|>", SPECIAL),

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import pyarrow as pa
 
-from kimi_eagle.serving.variants import SPACE, chars_estimate, spaced_extra
+from kimi_eagle.serving.variants import SPACE, chars_estimate, name_split_extra, spaced_extra
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 REASONING_KINDS = ("reasoning",)
@@ -97,6 +97,7 @@ class RecordFacts:
     length: bool
     n_reorderable_args: int = 0  # tool-call arguments that are JSON objects of 2+ keys (a re-serialiser may reorder)
     n_respaced: int = 0  # how many more tokens the tool-call arguments take re-written with ", " and ": "
+    n_split: int = 0  # how many more tokens ``NAME:IDX`` ids take with each name split as after ``functions.``
     n_content_chars: int = 0  # characters of the content
     n_last_args: int = 0  # tokens of the last tool call's arguments
 
@@ -172,15 +173,24 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
     respaced = sum(spaced_extra(tok, text, int(s["tok_end"]) - int(s["tok_start"]))
                    for s in args if (text := _utf8(run(s))) is not None)
     content = b"".join(run(s) for s in segments if s["kind"] == "content").decode("utf-8", "replace")
+    split = sum(name_split_extra(tok, name) for s in segments if s["kind"] == "tool_id"
+                and (name := _bare_id_name(run(s))) is not None)
     return RecordFacts(
         n_tokens=len(ids), n_reasoning=n(REASONING_KINDS), n_eot=n(("im_end",)),
         n_think_end=n(("think_begin", "think_end")), n_tool_args=kinds.count("tool_args"), tool_id_slack=slack,
         n_fffd=completion.count(REPLACEMENT_CHAR), n_fffd_reasoning=reasoning.count(REPLACEMENT_CHAR),
         straight_into_tools="think_end" in kinds and "tool_id" in kinds and "content" not in kinds,
         length=row.get("finish_reason") == "length" or "truncated" in flags, n_reorderable_args=reorderable,
-        n_respaced=respaced, n_content_chars=len(content),
+        n_respaced=respaced, n_split=split, n_content_chars=len(content),
         n_last_args=int(args[-1]["tok_end"]) - int(args[-1]["tok_start"]) if args else 0,
     )
+
+
+def _bare_id_name(raw: bytes) -> str | None:
+    """The name of a ``NAME:IDX`` call id returned without its ``functions.`` prefix, else None."""
+    text = _utf8(raw)
+    name, colon, index = (text or "").strip().rpartition(":")
+    return name if colon and name and index.isdigit() and not name.startswith("functions.") else None
 
 
 def _utf8(raw: bytes) -> str | None:
@@ -443,17 +453,20 @@ def _name_systematic_gaps(rows: list[dict[str, Any]]) -> None:
 
 
 TABLE_DEFAULTS = {"completion_offset": "0", "tool_call_offset": "0", "answer_args": "as-answered", "reasoning": "counted",
-                  "tool_answer": "tokens"}
+                  "tool_answer": "tokens", "call_header": "as-returned"}
 
 
 def table_conventions(value: Any) -> dict[str, str] | None:
     """A row's ``count_conventions`` (the provider table's completion count conventions, ``name=value``) as a dict,
-    None when the row has none (no table entry applied) or they are not the four known ``name=value`` strings."""
+    None when the row has none (no table entry applied) or they are not the known ``name=value`` strings
+    (:data:`TABLE_DEFAULTS`; a row written before ``call_header`` existed has it as the default)."""
     try:
         items = flags_list(value)
     except ValueError:
         return None
     pairs = dict(item.partition("=")[::2] for item in items)
+    if items and "call_header" not in pairs:
+        pairs["call_header"], items = TABLE_DEFAULTS["call_header"], [*items, "call_header=as-returned"]
     return pairs if items and len(pairs) == len(items) and set(pairs) == set(TABLE_DEFAULTS) else None
 
 
@@ -468,11 +481,13 @@ def table_expected(table: dict[str, str], f: RecordFacts) -> int | None:
     except ValueError:
         return None
     if table["answer_args"] not in ("as-answered", "spaced") or table["reasoning"] not in ("counted", "excluded") \
-            or table["tool_answer"] not in ("tokens", "chars-estimate"):
+            or table["tool_answer"] not in ("tokens", "chars-estimate") \
+            or table["call_header"] not in SPACE["call_header"]:
         return None
     if table["tool_answer"] == "chars-estimate" and f.n_tool_args:  # the whole count is the estimate
         return chars_estimate(f.n_content_chars, f.n_last_args) - f.n_tokens
     return (offset + (per_call if f.n_tool_args else 0) + (f.n_respaced if table["answer_args"] == "spaced" else 0)
+            + (f.n_split if table["call_header"] == "functions-split" else 0)
             - (f.n_reasoning + f.n_think_end if table["reasoning"] == "excluded" else 0))
 
 

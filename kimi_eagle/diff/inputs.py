@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from kimi_eagle.data_kinds import REAL, SIMULATED, TOY, model_kind, settle
 from kimi_eagle.diff.run import sample_pair
 from kimi_eagle.diff.simulate import (
     DEFAULT_FORMAT,
@@ -25,6 +26,7 @@ from kimi_eagle.diff.simulate import (
     write_samples,
 )
 from kimi_eagle.io import read_jsonl, write_jsonl
+from kimi_eagle.reconstruct.source import api_source
 from kimi_eagle.tokenize.tokenizer import Tokenizer
 
 
@@ -110,3 +112,36 @@ def resolve_diff_inputs(options: DiffInputOptions, tok: Tokenizer, inputs_dir: s
         api, engine = sample_pair(options.api_path, engine_path, options.sample_size, inputs_dir)
         return DiffInputs(api, engine, None, "real")
     return DiffInputs(first_api_records(options.api_path, options.sample_size, inputs_dir / "api.jsonl"), None, None, "real")
+
+
+def engine_model(path: str | Path | None, look: int = 1000) -> str | None:
+    """The model the engine records name (their ``model`` field, as ``kimi-eagle generate``, ``serve`` and tiny-kimi
+    write it; the first of the first ``look`` records naming one), or None."""
+    from itertools import islice
+
+    for line in islice(read_jsonl(path), look) if path else ():
+        model = line.obj.get("model") if not line.error and isinstance(line.obj, dict) else None
+        if isinstance(model, str) and model:
+            return model
+    return None
+
+
+def inputs_data_kind(inputs: DiffInputs, tokenizer_dir: str | Path, stated: str | None = None
+                     ) -> tuple[str, str | None]:
+    """``(kind, note)``: the data kind of a diff run's inputs (notebook 02), from their provenance: ``simulated`` for
+    the labelled benchmark, ``toy`` when the tokenizer, the engine records' model or the model the API records name
+    is a toy model's (stories260K, tiny-kimi), else ``real``. ``stated`` (the notebook's ``data_kind``) overrides it
+    only towards caution (:func:`kimi_eagle.data_kinds.settle`: ValueError for ``real`` on simulated or toy inputs;
+    ``note`` says what a more cautious one overrode)."""
+    model = engine_model(inputs.engine)
+    if inputs.data == SIMULATED:
+        kind, why = SIMULATED, "a benchmark simulated from the bundled conversations"
+    elif model_kind(str(tokenizer_dir)) == TOY:
+        kind, why = TOY, f"the tokenizer {tokenizer_dir} is a toy model's"
+    elif model and model_kind(model) == TOY:
+        kind, why = TOY, f"the engine records name the toy model {model!r}"
+    elif (source := api_source(inputs.api))["data"] == TOY:  # a toy model's answers, e.g. tiny-kimi's, billing-only
+        kind, why = TOY, source["data_from"]
+    else:
+        kind, why = REAL, "no simulated benchmark and no toy tokenizer or engine model"
+    return settle(stated, kind, why, option="data_kind")

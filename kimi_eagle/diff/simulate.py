@@ -327,6 +327,7 @@ def run_benchmark(sim_dir: str | Path, tokenizer_dir: str | Path, format_name: s
     Returns the :class:`~kimi_eagle.diff.run.DiffResult` (written to ``diff_dir``, default ``SIM_DIR/diff``).
     """
     from kimi_eagle.diff.run import diff_files, write_diff
+    from kimi_eagle.diff.summary import diff_data_kind
     from kimi_eagle.reconstruct.job import JobOptions, reconstruct_file
 
     sim = Path(sim_dir)
@@ -334,8 +335,10 @@ def run_benchmark(sim_dir: str | Path, tokenizer_dir: str | Path, format_name: s
     reconstruct_file(sim / "api.jsonl", recon, tokenizer_dir, format_name, JobOptions(progress=False))
     tok = load_tokenizer(tokenizer_dir)
     result = diff_files(tok, sim / "engine.jsonl", recon, sim / "labels.parquet")
-    write_diff(result, diff_dir or sim / "diff", {"engine": str(sim / "engine.jsonl"), "reconstructed": str(recon),
-                                                  "tokenizer": tok.name, "labels": str(sim / "labels.parquet")})
+    meta = {"engine": str(sim / "engine.jsonl"), "reconstructed": str(recon), "tokenizer": tok.name,
+            "labels": str(sim / "labels.parquet")}
+    meta["data"], meta["data_from"] = diff_data_kind(result.records, meta)  # provenance, as `kimi-eagle diff` states it
+    write_diff(result, diff_dir or sim / "diff", meta)
     return result
 
 

@@ -50,13 +50,14 @@ def data_kind(records: pd.DataFrame) -> str:
 def diff_data_kind(records: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """``(kind, why)``: what a diff's data are, from its provenance: the kind its ``meta.json`` states (the notebook
     and ``kimi-eagle diff`` write it), else ``simulated`` when the records carry expected labels, else ``toy`` when
-    the meta names a toy model or tokenizer (stories260K, tiny-kimi), else ``real``."""
+    the meta names a toy model or tokenizer (stories260K, tiny-kimi; ``api_model``: the model the reconstruction's API
+    records name), else ``real``."""
     meta = meta if isinstance(meta, Mapping) else {}
     if kind := meta_kind(dict(meta)):
         return kind, "its meta.json says so"
     if data_kind(records) == SIMULATED:
         return SIMULATED, "its records carry the expected labels of `kimi-eagle simulate`"
-    for field in ("model", "engine_model", "tokenizer"):
+    for field in ("model", "engine_model", "api_model", "tokenizer"):
         if isinstance(meta.get(field), str) and model_kind(meta[field]) == TOY:
             return TOY, f"its meta.json names the toy model {meta[field]!r}"
     return REAL, "no expected labels and no toy model named"

@@ -405,6 +405,26 @@ def read_config_json(path: str | Path, what: str = "config") -> dict:
     return raw
 
 
+TARGET_SIZES = ("num_hidden_layers", "hidden_size", "vocab_size")  # what every reader of a target's config uses
+
+
+def target_config(target_dir: str | Path) -> dict:
+    """The target's ``config.json`` (its ``text_config`` for a multimodal one) with :data:`TARGET_SIZES` checked:
+    each a whole number from 1, else a ValueError naming the file and the field (issue 48: a ``"5"``, ``null`` or
+    ``1.5`` was read on as a number, or ended in a TypeError deep in training)."""
+    path = Path(target_dir) / "config.json"
+    cfg = read_config_json(path, "target config")
+    text = cfg.get("text_config", cfg)
+    if not isinstance(text, dict):
+        raise ValueError(f"{path}: text_config must be a JSON object")
+    for key in TARGET_SIZES:
+        value = text.get(key)
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{path}: {key} is {str(value)[:40]!r} ({type(value).__name__}), not a whole number "
+                             "from 1; fix the target's config.json")
+    return text
+
+
 def check_weight_shapes(cls: type[Drafter], cfg: DrafterConfig, path: str | Path, optional: tuple[str, ...] = ()) -> None:
     """The tensors ``cls(cfg)`` has (built on the ``meta`` device: nothing allocated) against the shapes in the header
     of the safetensors file ``path``; a ValueError names the first that differs. ``optional``: names the file may lack
@@ -450,13 +470,16 @@ def load_state(model: nn.Module, state: dict, where: str) -> None:
 def target_tensor(target_dir: str | Path, suffix: str) -> torch.Tensor:
     """A weight of the target read straight from its safetensors (e.g. ``lm_head.weight``), without
     loading the model; ``lm_head.weight`` falls back to the embeddings for tied models."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for f in sorted(Path(target_dir).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
-                if name == suffix or name.endswith("." + suffix):
-                    return st.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if name == suffix or name.endswith("." + suffix):
+                        return st.get_tensor(name)
+        except (SafetensorError, OSError) as e:  # a truncated or foreign file: named, never a traceback
+            raise ValueError(f"{f}: not a readable safetensors file of the target ({str(e)[:160]})") from None
     if suffix == "lm_head.weight":
         return target_tensor(target_dir, "embed_tokens.weight")
     raise ValueError(f"{target_dir}: no {suffix} in the target's safetensors")

@@ -142,6 +142,9 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32):
     """The HF causal LM in ``path``, in ``dtype``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
+    from kimi_eagle.eagle3.drafter_base import target_config
+
+    target_config(path)  # a wrong-typed size is named by file and field before transformers reads it (issue 48)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     model.eval()
     return model

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from kimi_eagle.assets import sha256_file
-from kimi_eagle.eagle3.drafter_base import read_config_json
+from kimi_eagle.eagle3.drafter_base import target_config
 from kimi_eagle.eagle3.hidden import Row, load_rows
 from kimi_eagle.eagle3.layers import check_layer_ids, default_layer_ids
 from kimi_eagle.eagle3.layouts import (
@@ -324,6 +324,10 @@ def check_target_fits(manifest: dict, where: Path, target: str | Path) -> None:
     for key, want in (("n_layers", n_layers), ("hidden_size", hidden)):
         if key in manifest and manifest[key] != want:
             raise CorruptFile(f"{where}: {key} {manifest[key]} differs from the target's {want} ({target})")
+    vocab = manifest.get("vocab_size", 1)
+    if type(vocab) is not int or vocab < 1:
+        raise CorruptFile(f"{where}: vocab_size {str(vocab)[:40]!r} is not a whole number from 1; extract the hidden "
+                          "states again")
     try:
         check_layer_ids(manifest["layer_ids"], n_layers, count=None)  # EAGLE-3's 3 or DFlash's set (dflash_config)
     except ValueError as e:
@@ -353,11 +357,7 @@ def _own_manifest(hidden_dir: Path, any_format: bool = False) -> dict:
 
 
 def _target_config(target: str | Path) -> dict:
-    cfg = read_config_json(Path(target) / "config.json", "target config")
-    text = cfg.get("text_config", cfg)
-    if not isinstance(text, dict):
-        raise ValueError(f"{target}/config.json: text_config must be a JSON object")
-    return text
+    return target_config(target)  # its sizes checked: a wrong-typed field is named, never a TypeError
 
 
 class _LayoutReader:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kimi_eagle.eagle3 import draft_vocab, recipes
-from kimi_eagle.eagle3.drafter_base import read_config_json, target_tensor
+from kimi_eagle.eagle3.drafter_base import read_config_json, target_config, target_tensor
 from kimi_eagle.eagle3.losses import expected_tau
 from kimi_eagle.eagle3.readers import check_hidden_finite, open_hidden_states
 from kimi_eagle.eagle3.row_space import id_space, target_id_map
@@ -193,11 +193,13 @@ def _same_path(a, b) -> bool:
     return a == b or (isinstance(a, str) and isinstance(b, str) and os.path.abspath(a) == os.path.abspath(b))
 
 
-def checkpoint_differences(state: dict, cfg: TrainConfig, fingerprint: str) -> list[str]:
+def checkpoint_differences(state: dict, cfg: TrainConfig, fingerprint: str,
+                           layer_ids: Sequence[int] | None = None) -> list[str]:
     """``"name saved → requested"`` for each training setting (not :data:`RUN_ONLY_SETTINGS`) that differs
-    between a checkpoint and ``cfg``, plus ``"the data changed"`` when its fingerprint differs; [] = same run."""
+    between a checkpoint and ``cfg``, plus ``"the data changed"`` when its fingerprint differs; [] = same run.
+    With the data's ``layer_ids``, a checkpoint trained on another layer set names both sets first (issue 48)."""
     saved, now = state.get("config") or {}, asdict(cfg)
-    diffs = []
+    diffs = layer_set_difference(state, cfg.target, layer_ids) if layer_ids is not None else []
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key, "unset"), now.get(key, "unset")
         added_later = key not in saved and key in TrainConfig.__dataclass_fields__ and b == TrainConfig.__dataclass_fields__[key].default
@@ -206,6 +208,52 @@ def checkpoint_differences(state: dict, cfg: TrainConfig, fingerprint: str) -> l
     if state.get("data_fingerprint") != fingerprint:
         diffs.append("the data changed" if state.get("data_fingerprint") else "the checkpoint records no data fingerprint")
     return diffs
+
+
+def layer_set_difference(state: dict, target: str, layer_ids: Sequence[int]) -> list[str]:
+    """``["target layers SAVED → NOW"]`` (each set named when it is a drafter's default for ``target``) when the
+    checkpoint ``state`` was trained on other target layers than ``layer_ids``, else []. A checkpoint that does not
+    record its layer set (written before issue 48) is read by the width of its ``fc`` input."""
+    now = [int(i) for i in layer_ids]
+    saved: list[int] | str | None = state.get("layer_ids")
+    if saved is None:
+        fc = (state.get("model") or {}).get("fc.weight")
+        hidden = _target_hidden_size(target)
+        if not isinstance(fc, torch.Tensor) or fc.dim() != 2 or not hidden or fc.shape[1] % hidden:
+            return []
+        if fc.shape[1] // hidden == len(now):
+            return []
+        saved = f"{fc.shape[1] // hidden} layers"
+    if saved == now:
+        return []
+    return [f"target layers {saved}{layer_set_name(saved, target)} → {now}{layer_set_name(now, target)}"]
+
+
+def _target_hidden_size(target: str) -> int | None:
+    try:
+        config = read_config_json(Path(target) / "config.json", "target config")
+    except ValueError:
+        return None
+    hidden = (config.get("text_config") or config).get("hidden_size")
+    return hidden if type(hidden) is int and hidden > 0 else None
+
+
+def layer_set_name(layer_ids, target: str, but: str | None = None) -> str:
+    """`` (the DRAFTER layer set)`` when ``layer_ids`` is the default set of a drafter (other than ``but``) for
+    ``target`` (its ``num_hidden_layers``), else ""."""
+    from kimi_eagle.eagle3.layers import DRAFTER_LAYERS
+
+    if not isinstance(layer_ids, list):
+        return ""
+    try:
+        config = read_config_json(Path(target) / "config.json", "target config")
+    except ValueError:
+        return ""
+    n_layers = (config.get("text_config") or config).get("num_hidden_layers")
+    if type(n_layers) is not int or n_layers < 1:
+        return ""
+    return next((f" (the {d} layer set)" for d, (f, _) in DRAFTER_LAYERS.items()
+                 if d != but and list(f(n_layers)) == layer_ids), "")
 
 
 def extends(state: dict, cfg: TrainConfig, fingerprint: str) -> bool:
@@ -229,11 +277,11 @@ def run_folders(out: Path) -> Iterator[Path]:
         yield out.parent / f"{out.name}.run{k}"
 
 
-def choose_start(cfg: TrainConfig, fingerprint: str) -> StartDecision:
+def choose_start(cfg: TrainConfig, fingerprint: str, layer_ids: Sequence[int] | None = None) -> StartDecision:
     """Where and how a run starts. ``resume=False``: fresh in ``out``. Otherwise the first of
     :func:`run_folders` whose checkpoint has these settings and data is resumed, or the first without a
     checkpoint starts fresh; with ``resume=True`` a checkpoint in ``out`` that differs raises
-    :class:`ResumeRefused` naming the differences."""
+    :class:`ResumeRefused` naming the differences (both layer sets first when the data's ``layer_ids`` differ)."""
     out = Path(cfg.out)
     if cfg.resume is False:
         return StartDecision(out, None, "")
@@ -243,7 +291,7 @@ def choose_start(cfg: TrainConfig, fingerprint: str) -> StartDecision:
         if not checkpoint.exists():
             return StartDecision(folder, None, "; ".join(moved))
         state = load_checkpoint(checkpoint)
-        diffs = checkpoint_differences(state, cfg, fingerprint)
+        diffs = checkpoint_differences(state, cfg, fingerprint, layer_ids)
         if not diffs:
             return StartDecision(folder, checkpoint, "; ".join(moved))
         if extends(state, cfg, fingerprint):
@@ -312,9 +360,8 @@ def check_layer_set(cfg: TrainConfig, layer_ids: Sequence[int]) -> None:
         return
     config = read_config_json(Path(cfg.target) / "config.json", "target config")
     n_layers = (config.get("text_config") or config).get("num_hidden_layers")
-    sets = {d: list(f(n_layers)) for d, (f, _) in DRAFTER_LAYERS.items()} if isinstance(n_layers, int) else {}
-    of = next((f" (the {d} layer set)" for d, want in sets.items() if want == ids and d != cfg.drafter), "")
-    want = f" ({sets[cfg.drafter]} for this target)" if cfg.drafter in sets else ""
+    of = layer_set_name(ids, cfg.target, but=cfg.drafter)
+    want = f" ({list(default(n_layers))} for this target)" if isinstance(n_layers, int) else ""
     raise ValueError(f"{cfg.data}: its hidden states hold target layers {ids}{of}; the {cfg.drafter} drafter reads "
                      f"{count} layers{want}: extract them with `kimi-eagle extract --drafter {cfg.drafter}`, or train "
                      f"the drafter this data was extracted for (--drafter)")
@@ -361,11 +408,12 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, world: int = 1, rank: int = 0):
         cfg = recipes.resolve(cfg)  # the recipe's defaults for what cfg leaves None (before any checkpoint comparison)
         self.cfg, self.world, self.rank = cfg, world, rank
+        target_config(cfg.target)  # issue 48: a wrong-typed size of the target's config.json is named first
         self.mask = self._mask_token()  # a target config with a bad mask/pad/eos id is refused before any data is read
         self.data = open_training_data(cfg)
         self.vocab = draft_vocabulary(self.data, cfg.draft_vocab_size)
         self.fingerprint = data_fingerprint(self.data, self.vocab)
-        decision = choose_start(cfg, self.fingerprint)
+        decision = choose_start(cfg, self.fingerprint, self.data.layer_ids)
         self.out, self.start_note = decision.out, decision.note
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -421,6 +469,7 @@ class Trainer:
             "model": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": _rng_state(),
             "config": asdict(self.cfg), "draft_vocab": self.vocab.report(), "data_fingerprint": self.fingerprint,
+            "layer_ids": [int(i) for i in self.data.layer_ids],  # named when a run is continued on other data
         }
         with atomic_path(path if path is not None else self.checkpoint_path) as tmp:
             torch.save(state, tmp)
@@ -502,9 +551,13 @@ class Trainer:
     # -- results ---------------------------------------------------------------------------
     def summary(self) -> dict:
         """``start`` ("fresh" / "resumed from step N"), ``start_note``, ``out`` (the run folder), ``step``,
-        ``finished``, ``world_size``, ``online``, ``token_ids``, ``draft_vocab``, ``layer_ids``, ``data_skipped``
-        and ``train_tokens_per_s`` (all ranks' tokens over :meth:`run`'s time; None when no step ran)."""
-        return {"start": self.start, "start_note": self.start_note, "out": str(self.out), "step": self.step, "finished": self.finished, "world_size": self.world, "online": self.cfg.online,
+        ``finished``, ``world_size``, ``online``, ``token_ids``, ``draft_vocab``, ``layer_ids``, ``data_skipped``,
+        ``train_tokens_per_s`` (all ranks' tokens over :meth:`run`'s time; None when no step ran) and ``data``: the
+        data kind of the target's generations (:func:`kimi_eagle.data_kinds.model_kind`: ``toy`` for stories260K and
+        tiny-kimi), which the training chart's tag states."""
+        from kimi_eagle.data_kinds import model_kind
+
+        return {"data": model_kind(self.cfg.target), "start": self.start, "start_note": self.start_note, "out": str(self.out), "step": self.step, "finished": self.finished, "world_size": self.world, "online": self.cfg.online,
                 "drafter": self.cfg.drafter, "dflash_recipe": self.cfg.dflash_recipe if self.cfg.drafter == "dflash" else None,
                 "lr": self.cfg.lr,
                 "token_ids": self.token_ids, "draft_vocab": self.vocab.report(),

@@ -16,6 +16,8 @@ from kimi_eagle.io import write_json
 
 ID_MAP_FILE = "kimi_ids.json"
 ID_MAP_KIND = "kimi-eagle model-row <-> Kimi-ID map"
+MANIFEST_FILE = "manifest.json"  # a tiny-kimi directory's manifest (kimi_eagle.apps.tiny_kimi)
+MANIFEST_KIND = "kimi-eagle tiny-kimi"
 
 
 class IdMapError(ValueError):

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from kimi_eagle.engine.id_map import IdMap, IdMapError
+from kimi_eagle.engine.id_map import MANIFEST_FILE, MANIFEST_KIND, IdMap, IdMapError
 from kimi_eagle.tokenize.tokenizer import HFTokenizer, Tokenizer, load_tokenizer, special_id
 
 CHAT_FORMATS = ("plain", "hf-template", "kimi-k2.5")
@@ -152,9 +152,26 @@ def chat_format_name(name: str) -> str:
 
 
 def default_model_name(model_dir: str | Path) -> str:
-    """``.../stories260K/hf`` -> ``stories260K``; otherwise the directory name."""
+    """``.../stories260K/hf`` -> ``stories260K``; otherwise the directory name. A tiny-kimi directory (its manifest
+    says so) whose name does not say tiny-kimi, such as the demo's cache folder ``runs/cache/tiny_kimi/<16 hex
+    digits>``, is ``tiny-kimi-<name>``: the name every engine record and answer carries, so that each names the toy
+    model it came from (#46: ``diff`` read records of a hex-named tiny-kimi as real data)."""
+    from kimi_eagle.data_kinds import TOY, model_kind
+
     p = Path(model_dir).resolve()
-    return p.parent.name if p.name in {"hf", "model", "checkpoint"} else p.name
+    name = p.parent.name if p.name in {"hf", "model", "checkpoint"} else p.name
+    return f"tiny-kimi-{name}" if is_tiny_kimi(p) and model_kind(name) != TOY else name
+
+
+def is_tiny_kimi(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` holds a tiny-kimi model (its ``manifest.json`` says so: kimi_eagle.apps.tiny_kimi)."""
+    import json
+
+    try:
+        manifest = json.loads((Path(model_dir) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("kind") == MANIFEST_KIND
 
 
 class Engine:

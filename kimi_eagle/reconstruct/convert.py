@@ -271,7 +271,7 @@ def _openai(conv: _Conversation, item: dict) -> Iterator[dict]:
         yield api_record_from_log(item, conv.source)
         return
     if "request" in item and "messages" not in item:
-        got = next((f"`{k}` is {'null' if item[k] is None else 'a ' + type(item[k]).__name__}" for k in
+        got = next((f"`{k}` is {'null' if item[k] is None else _a(type(item[k]).__name__)}" for k in
                     ("response", "completion") if k in item), "no `response` object")
         raise ConvertError(f"a request logged without its response ({got}): log the answer beside it, as "
                            '{"request": {...}, "response": {...}}')
@@ -332,13 +332,17 @@ def _convert(source_name: str, in_path: str | os.PathLike | None) -> Iterator[tu
                           "error": f"conversation {conv_id}: {reason}"}
 
 
+def _a(noun: str) -> str:
+    """``noun`` with its article: ``an openai``, ``an int``, ``a list``."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
 def _reason(e: Exception, source_name: str) -> str:
     """A readable reason for a conversation that failed (a missing field hints at the wrong ``--from``)."""
     if isinstance(e, ConvertError):
         return str(e)
     if isinstance(e, KeyError):
-        article = "an" if source_name[:1] in "aeiou" else "a"
-        return f"missing field {e.args[0]!r} (is this {article} {source_name} file? check --from)"
+        return f"missing field {e.args[0]!r} (is this {_a(source_name)} file? check --from)"
     if isinstance(e, RecursionError):
         return f"nested more than {MAX_DEPTH} levels deep"
     return f"{type(e).__name__}: {e}"

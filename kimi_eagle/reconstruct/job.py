@@ -33,6 +33,8 @@ from kimi_eagle.chat.formats import FORMATS, Format, get_format
 from kimi_eagle.io import UTF8_BOM, LongLine, atomic_path, check_encoding, iter_raw_lines, write_json
 from kimi_eagle.reconstruct.columns import columnar_table
 from kimi_eagle.reconstruct.record import ReconstructOptions, error_row, reconstruct_line
+from kimi_eagle.reconstruct.source import api_source, source_metadata
+from kimi_eagle.reconstruct.workers import die_with_parent, parent_watch
 from kimi_eagle.tokenize.tokenizer import Tokenizer, load_tokenizer
 
 # --------------------------------------------------------------------------------------------
@@ -453,6 +455,13 @@ def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, op
               options=options, run=None)
 
 
+def _init_pool_worker(watch: tuple[int, int], *init_args: Any) -> None:
+    """A pool worker's start: it ends with the parent (:func:`kimi_eagle.reconstruct.workers.die_with_parent`),
+    then :func:`_init_worker`."""
+    die_with_parent(*watch)
+    _init_worker(*init_args)
+
+
 def shard_name(k: int) -> str:
     """The file of finished shard ``k`` in ``OUT.parts/`` (an Arrow IPC file, see :func:`write_shard`)."""
     return f"shard-{k:06d}.arrow"
@@ -539,13 +548,13 @@ class _Merger:
     closes the writer (re-raising what the writer thread raised).
     """
 
-    def __init__(self, parts: Path, path: Path) -> None:
+    def __init__(self, parts: Path, path: Path, metadata: dict[bytes, bytes] | None = None) -> None:
         import queue
 
         import pyarrow.parquet as pq
 
         self.parts = parts
-        self.writer = pq.ParquetWriter(path, _schema(), use_dictionary=False)
+        self.writer = pq.ParquetWriter(path, _schema().with_metadata(metadata), use_dictionary=False)
         self.first: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
@@ -739,7 +748,8 @@ def _scan_and_run(in_path: Path, out_path: Path, where: tuple[str, str], job: Jo
     run = _FileRun(in_path, parts, scan, job, (tokenizer_dir, format_name, None if resuming else mpath))
     run.done = intact_shards(parts)  # issue 37: an edited or truncated shard is redone, never trusted
     run.bar = tqdm(total=None, unit="rec", desc="reconstruct", disable=not job.progress, file=sys.stderr)
-    with atomic_path(out_path) as tmp, _Merger(parts, tmp) as merger:
+    source = source_metadata(api_source(in_path))  # #46: the kind of the records' source travels with the file
+    with atomic_path(out_path) as tmp, _Merger(parts, tmp, source) as merger:
         if pool is None:
             _init_worker(tokenizer_dir, format_name, job.tool_declaration, job.completion, tok)
             try:
@@ -766,7 +776,7 @@ def _start_pool(where: tuple[str, str], job: JobOptions, tok: Tokenizer) -> Any:
     rows_table([])  # pyarrow imports pandas on its first conversion: once here, not once per worker
     gc.freeze()  # forked workers then never touch the parent's objects for the collector (no copy-on-write)
     try:
-        return ctx.Pool(job.workers, _init_worker, init_args)
+        return ctx.Pool(job.workers, _init_pool_worker, (parent_watch(), *init_args))
     finally:
         gc.unfreeze()
 

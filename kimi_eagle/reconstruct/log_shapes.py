@@ -68,10 +68,11 @@ def _request(item: dict, response: dict) -> dict:
     return request
 
 
-def response_shape_problem(response: dict) -> str | None:
+def response_shape_problem(response: dict, usage: bool = True) -> str | None:
     """Why a logged response's choices or usage cannot be read as they are (see the module docstring), or None:
     usage counts that are negative, not integers (``"7"`` included), not finite or beyond 10**9 are named, never
-    stored as billed (:func:`~kimi_eagle.reconstruct.usage.usage_count_problems`)."""
+    stored as billed (:func:`~kimi_eagle.reconstruct.usage.usage_count_problems`; ``usage=False``: the choices
+    alone)."""
     choices = response.get("choices")
     seen: set[int] = set()
     for i, choice in enumerate(choices if isinstance(choices, list) else []):
@@ -85,15 +86,16 @@ def response_shape_problem(response: dict) -> str | None:
         logprobs = choice.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, dict):
             return f"choices[{i}].logprobs is a {type(logprobs).__name__}, not an object"
-    return "; ".join(usage_count_problems(response.get("usage"))) or None  # shape, then every count
+    return "; ".join(usage_count_problems(response.get("usage")) if usage else []) or None  # shape, then every count
 
 
-def api_record_from_log(item: Any, dataset: str | None = None) -> dict:
-    """``{"id", "dataset"?, "request", "response", "id_from"?}`` of one logged completion (see the module)."""
+def api_record_from_log(item: Any, dataset: str | None = None, usage: bool = True) -> dict:
+    """``{"id", "dataset"?, "request", "response", "id_from"?}`` of one logged completion (see the module);
+    ``usage=False``: its usage kept unchecked, for a reader that reports a broken usage on its own."""
     if not isinstance(item, dict):
         raise LogShapeError(f"a logged completion is a JSON object, not a {type(item).__name__}")
     response = _response(item)
-    problem = response_shape_problem(response)
+    problem = response_shape_problem(response, usage)
     if problem:
         raise LogShapeError(problem)
     request = _request(item, response)
@@ -119,13 +121,14 @@ def api_record_from_log(item: Any, dataset: str | None = None) -> dict:
 def as_api_record(record: Any) -> Any:
     """What ``kimi-eagle reconstruct`` reads of one JSONL record: ``record`` itself when it is already
     ``{"id", "request", "response"}`` or no logged completion at all (its own checks then say what is wrong);
-    else :func:`api_record_from_log` of it — but a record with no id of its own or of its response stays as it
+    else :func:`api_record_from_log` of it, its usage unchecked (a broken usage is the row's ``usage_error``, as
+    for a record already in the kit's shape) — but a record with no id of its own or of its response stays as it
     is (an error row: a reconstructed row has no place to say its id was made; ``convert`` makes and records one)."""
     if not is_api_log(record) or (isinstance(record.get("id"), str) and isinstance(record.get("request"), dict)
                                   and isinstance(record.get("response"), dict)):
         return redact_key_fields(record)
     try:
-        shaped = api_record_from_log(record)
+        shaped = api_record_from_log(record, usage=False)
     except LogShapeError:
         return record
     return record if shaped.get("id_from") == "content sha256" else shaped

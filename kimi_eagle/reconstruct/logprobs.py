@@ -50,15 +50,21 @@ def logprob_entries(response: Any) -> list | None:
 
 
 def _unreadable_logprobs(response: Any) -> bool:
-    """Whether ``choices[0]`` carries logprobs that are not ``{"content": [entries]}`` (a string ``content``, a
-    number for ``logprobs``): there, but not readable, so flagged rather than taken for "no logprobs"."""
+    """Whether ``choices[0]`` carries logprobs that are not ``{"content": [entries]}``: a string ``content``, a
+    number, a list (of entries or of anything, even empty) for ``logprobs``, or an object with no ``content`` but other
+    fields (the legacy completions shape ``{"tokens", "token_logprobs"}``): there, but not readable, so flagged
+    rather than taken for "no logprobs"."""
     choices = response.get("choices") if isinstance(response, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     logprobs = choice.get("logprobs")
     if logprobs is None:
         return False
-    content = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
-    return content is not None and not isinstance(content, list)
+    if not isinstance(logprobs, dict):
+        return True
+    content = logprobs.get("content")
+    if content is None:  # OpenAI's ``refusal`` beside a null content is the refusal's: no content entries
+        return any(v not in (None, [], {}) for k, v in logprobs.items() if k not in ("content", "refusal"))
+    return not isinstance(content, list)
 
 
 def _entry_bytes(entry: dict, k: int) -> bytes | None:

@@ -32,7 +32,7 @@ from kimi_eagle.io import fast_loads, loads_exact, parse_line
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.logprobs import prefer_logprob_ids
 from kimi_eagle.reconstruct.reasoning import reasoning_details_flags
-from kimi_eagle.reconstruct.usage import usage_details
+from kimi_eagle.reconstruct.usage import usage_details, usage_shape_problem
 from kimi_eagle.records import RecordError, check_id, count_field, printable_id, storable_text, synthetic_id
 from kimi_eagle.redact import KEY_FLAG
 from kimi_eagle.serving.profiles import PROFILES, ServingProfile, get_profile
@@ -81,8 +81,10 @@ class ReconstructOptions(CompletionOptions):
     answer_text: str = "as-served"
 
     def for_record(self, provider: Any, dataset: Any) -> "ReconstructOptions":
-        """The options of a record of ``provider`` in ``dataset``: its group's profile when one was chosen."""
-        profile = _group_profiles(self.serving_by_group).get((provider, dataset))
+        """The options of a record of ``provider`` in ``dataset``: its group's profile when one was chosen (a provider
+        or dataset that is not a string is none, as the choice grouped it: kimi_eagle.serving.auto)."""
+        group = tuple(v if isinstance(v, str) else None for v in (provider, dataset))
+        profile = _group_profiles(self.serving_by_group).get(group)
         if profile is None:
             return self
         return replace(serving_options(profile, self.tool_id_policy == "keep"), provider_table=self.provider_table)
@@ -175,10 +177,12 @@ def _shown(value: Any) -> str:
 
 
 def usage_problem(response: dict) -> str | None:
-    """Why a billed count is null: no ``usage``, no ``completion_tokens``, or a count that is not an integer."""
+    """Why a billed count is null: no ``usage``, no ``completion_tokens``, a count that is not an integer, or usage
+    details that are not objects (``completion_tokens_details`` given as a list: its reasoning count is unread)."""
     usage = response.get("usage")
     if not isinstance(usage, dict):
         return "no usage in the response" if usage is None else f"usage is a {type(usage).__name__}, not an object"
+    shape = usage_shape_problem(usage)
     details = usage.get("completion_tokens_details")
     counts = {"usage.completion_tokens": usage.get("completion_tokens"),
               "usage.completion_tokens_details.reasoning_tokens": details.get("reasoning_tokens") if isinstance(details, dict) else None}
@@ -186,7 +190,7 @@ def usage_problem(response: dict) -> str | None:
                 if value is not None and _opt_int(value) is None]
     if "completion_tokens" not in usage:
         problems.insert(0, "usage.completion_tokens is missing")
-    return "; ".join(problems) or None
+    return "; ".join([shape] * bool(shape) + problems) or None
 
 
 def _reasoning(message: dict) -> str | None:

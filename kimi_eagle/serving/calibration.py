@@ -25,7 +25,15 @@ from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError, count_field
-from kimi_eagle.serving.periods import day_of, deployment_of, in_period, period_label, period_of, scope  # noqa: F401 (re-exported)
+from kimi_eagle.serving.periods import (  # noqa: F401 (re-exported)
+    day_of,
+    deployment_of,
+    in_period,
+    period_end,
+    period_label,
+    period_of,
+    scope,
+)
 from kimi_eagle.serving.profiles import get_profile
 from kimi_eagle.serving.provider_table import EXPLAINED, REDACTED, redact
 from kimi_eagle.serving.request import deep_sort, served_prompt_pieces
@@ -40,6 +48,7 @@ from kimi_eagle.serving.variants import (
     declaration,
     history_calls,
     spaced_extra,
+    split_extra,
     tool_block,
     variant_prompt_pieces,
 )
@@ -131,7 +140,7 @@ class VariantCounts:
 
     def completion(self, record: dict, profile_name: str, answer_text: str = "as-served") -> tuple | None:
         """``(n_completion_tokens, reasoning tokens, whether the answer has tool calls, the extra tokens of its
-        arguments written spaced, its chars-estimate count)`` under the profile's answer side after the
+        arguments written spaced, its chars-estimate count, its ids' extra tokens under ``call_header = functions-split``)`` under the profile's answer side after the
         ``answer_text`` convention (legacy answer sides only), None if it cannot be built."""
         key = (record["id"], profile_name, answer_text)
         if key not in self._completion:
@@ -143,7 +152,7 @@ class VariantCounts:
                                    self.enc)
                 reasoning = sum(s["tok_end"] - s["tok_start"] for s in row.segments if s["kind"] in REASONING_KINDS)
                 self._completion[key] = (row.n_completion_tokens, reasoning, _has_calls(record), self._respaced(record),
-                                         self._estimate(record))
+                                         self._estimate(record), split_extra(self.tok, _calls(record)))
             except RecordError:
                 self._completion[key] = None
         return self._completion[key]
@@ -168,11 +177,12 @@ class VariantCounts:
         got = self.completion(record, v.profile, v.answer_text)
         if got is None:
             return None
-        n, reasoning, calls, respaced, estimate = got
+        n, reasoning, calls, respaced, estimate, split = got
         if calls and v.tool_answer == "chars-estimate":
             return estimate
         return (n - (reasoning if v.reasoning == "excluded" else 0) + v.completion_offset
-                + (v.tool_call_offset if calls else 0) + (respaced if v.answer_args == "spaced" else 0))
+                + (v.tool_call_offset if calls else 0) + (respaced if v.answer_args == "spaced" else 0)
+                + (split if v.call_header == "functions-split" else 0))
 
 
 def _facts(record: dict) -> tuple[bool, bool, bool, bool, bool]:
@@ -190,10 +200,11 @@ def _effective(facts: tuple[bool, bool, bool, bool, bool], rest: tuple) -> tuple
     :func:`_facts` set to their defaults: a request with a system message is rendered alike under every
     ``system``, one without earlier calls under every history value, one without reasoning details under every
     ``history_reasoning``, and the 0905 template's revisions only change its system and tool turns."""
-    template, system, ids, args, content, reasoning, newline, result = rest
+    template, system, text, ids, args, content, reasoning, newline, result = rest
     starts_with_system, calls, details, system_or_tool, tool = facts
     plain = template != "k2-0905"
-    return (template, "template" if starts_with_system else system, ids if calls else "as-sent",
+    return (template, "template" if starts_with_system else system, text if system_or_tool else "as-sent",
+            ids if calls else "as-sent",
             args if calls else "as-sent", content if calls else "as-sent", reasoning if details else "as-sent",
             "none" if plain or not system_or_tool else newline, "template" if plain or not tool else result)
 
@@ -537,7 +548,7 @@ def row_for(rows: list[dict], record: dict) -> dict | None:
     mine = [r for r in mine if r.get("deployment", "any") == family] or [r for r in mine if r.get("deployment", "any") == "any"] or mine
     day = day_of(record)
     dated = [r for r in mine if day != "undated" and in_period(day, r["period"])]
-    return (dated or sorted(mine, key=lambda r: r["period"])[-1:] or [None])[0]
+    return (dated or sorted(mine, key=lambda r: period_end(r["period"]))[-1:] or [None])[0]
 
 
 def residuals(counts: VariantCounts, rows: list[dict], records: Iterable[dict]) -> list[dict]:

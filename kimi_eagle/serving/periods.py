@@ -63,6 +63,18 @@ def in_period(when: str, period: str) -> bool:
     return low[1] <= low[0] and high[0] <= high[1]
 
 
+def period_end(period: str) -> str:
+    """A sort key of a period's last day: the latest period sorts last (a month ends after each of its days).
+
+    >>> sorted(["2025-10-13..2025-12", "2025-10..2025-10-12", "2025-12-04"], key=period_end)
+    ['2025-10..2025-10-12', '2025-12-04', '2025-10-13..2025-12']
+    """
+    if period == "all":
+        return ""
+    last = period.rpartition("..")[2]
+    return last if len(last) > 7 else last + "-32"
+
+
 def period_label(days: list[str], before: str | None, after: str | None) -> str:
     """The table period of a run of ``days`` (sorted ``YYYY-MM-DD``) between the previous run's last day ``before``
     and the next run's first day ``after`` (None at either end): whole months where the neighbours lie in other

@@ -22,7 +22,8 @@ Each ``[[provider]]`` entry::
     completion_residual = "-"
 
 :func:`load_table` checks every entry: an unknown key, a missing one, a value of the wrong type, an unknown
-profile or convention is a :class:`TableError` of one line naming the file and the entry.
+profile or convention is a :class:`TableError` of one line naming the file and the entry (values shortened). A UTF-8
+byte-order mark at the start of the file (what some Windows editors write) is read past.
 :func:`calibrated_profile` is what ``--serving auto`` asks.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kimi_eagle.redact import REDACTED  # the marker every writer of the kit uses
-from kimi_eagle.serving.periods import FAMILY, day_of, deployment_of, in_period
+from kimi_eagle.serving.periods import FAMILY, day_of, deployment_of, in_period, period_end
 from kimi_eagle.serving.profiles import PROFILES
 from kimi_eagle.serving.variants import Variant, variant_from
 
@@ -54,8 +55,17 @@ KEYS: dict[str, type | tuple[type, ...]] = {
 OPTIONAL = {"deployment": "any"}  # keys an entry may leave out, with their value then
 
 
+MAX_MESSAGE = 500  # a TableError's length: the file (its path), the entry, the key and what is known, values shortened
+
+
 class TableError(ValueError):
-    """A provider table that cannot be used; the message is one line naming the file and the entry."""
+    """A provider table that cannot be used; the message is one line naming the file and the entry, of at most
+    :data:`MAX_MESSAGE` characters (its start and its end kept when a long path or value would make it longer)."""
+
+    def __init__(self, message: str) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = f"{message[:300]} ... {message[-(MAX_MESSAGE - 305):]}"
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,8 @@ def _problem(item: Any) -> str | None:
         return "is not a table"
     unknown = sorted(set(item) - set(KEYS))
     if unknown:
-        return f"unknown key(s) {', '.join(unknown)} (known: {', '.join(KEYS)})"
+        shown = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:3])
+        return f"unknown key(s) {shown}{', ...' * (len(unknown) > 3)} (known: {', '.join(KEYS)})"
     missing = [k for k in KEYS if k not in item and k not in OPTIONAL]
     if missing:
         return f"missing key(s) {', '.join(missing)}"
@@ -114,13 +125,13 @@ def _problem(item: Any) -> str | None:
                                      for n in pair) or pair[0] > pair[1]:
             return f"`{key}` is not [equal, compared] with 0 <= equal <= compared <= {MAX_COUNT:,}"
     if item["status"] not in STATUSES:
-        return f"status {item['status']!r} is not one of {', '.join(STATUSES)}"
+        return f"status {_short(item['status'])} is not one of {', '.join(STATUSES)}"
     if item["profile"] not in PROFILES:
-        return f"unknown profile {item['profile']!r} (known: {', '.join(PROFILES)})"
+        return f"unknown profile {_short(item['profile'])} (known: {', '.join(PROFILES)})"
     if not _period_ok(item["period"]):
-        return f"period {item['period']!r} is not all, undated, YYYY-MM[-DD] or YYYY-MM[-DD]..YYYY-MM[-DD]"
+        return f"period {_short(item['period'])} is not all, undated, YYYY-MM[-DD] or YYYY-MM[-DD]..YYYY-MM[-DD]"
     if item["deployment"] not in ("any", "none", "other") and not FAMILY.fullmatch(item["deployment"]):
-        return f"deployment {item['deployment']!r} is not any, none, other or a fingerprint family such as fpv0"
+        return f"deployment {_short(item['deployment'])} is not any, none, other or a fingerprint family such as fpv0"
     return None
 
 
@@ -133,7 +144,8 @@ def _entry(item: dict, where: str) -> Entry:
     try:
         variant = variant_from(item["profile"], item["conventions"])
     except (ValueError, TypeError) as e:
-        raise TableError(f"{where}: conventions: {e}") from None
+        said = str(e) if len(str(e)) <= 200 else f"{str(e)[:120]} ... {str(e)[-75:]}"  # a huge key or value, shortened
+        raise TableError(f"{where}: conventions: {said}") from None
     return Entry(item["provider"], item["model"], item["period"], item["status"], variant, item["records"],
                  {k: tuple(item[k]) for k in PAIRS},  # type: ignore[misc]
                  {k: item[f"{k}_residual"] for k in ("prompt", "completion")}, item["deployment"])
@@ -155,7 +167,7 @@ def _read(path: Path) -> str:
             data = f.read(MAX_BYTES + 1)
         if len(data) > MAX_BYTES:
             raise TableError(f"{path}: over the {MAX_BYTES:,}-byte limit of a provider table")
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a BOM (Windows editors) is no TOML statement
     except OSError as e:
         raise TableError(f"{path}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -220,7 +232,7 @@ def table_entry(provider: str, model: str, month: str | None = None,
         entries = [e for e in entries if in_period(month, e.period)] or entries
     if not entries:
         return None
-    return max(entries, key=lambda e: e.period.rpartition("..")[2] if e.period != "all" else "")
+    return max(entries, key=lambda e: period_end(e.period))
 
 
 def calibrated_profile(provider: str, model: str, month: str | None = None,

@@ -34,16 +34,27 @@ on the rendered prompt pieces, or on counts:
     ``html`` (Jinja's builtin ``tojson``, ``htmlsafe_json_dumps``: ``<``, ``>``, ``&``, ``'`` written ``\\u003c``,
     ``\\u003e``, ``\\u0026``, ``\\u0027``; a server rendering the template with a Jinja whose ``tojson`` is HTML-safe:
     Jinja2's also sorts keys, ``schema = sorted``, MiniJinja's keeps them; Groq on real tools, whose descriptions
-    are full of ``<tags>``: +868 tokens on the agent's 11 tools, nothing on the toy tools).
+    are full of ``<tags>``: +868 tokens on the agent's 11 tools, nothing on the toy tools) or ``go`` (Go's
+    ``encoding/json``: ``<``, ``>``, ``&``, U+2028 and U+2029 escaped, ``'`` kept; Moonshot AI's and Novita's K2-0905
+    servers until 2025-11-11 declared the agent's tools as compact JSON so, ``strict`` dropped: all 9 tool sets of
+    that time to the token).
 ``system``
     the system turn when the request has none: ``template`` (as the format does: K2-Instruct and
     K2-Thinking insert ``You are Kimi, an AI assistant created by Moonshot AI.``, K2.5 inserts nothing),
     ``default`` (the server inserts that K2 default system message itself) or ``none`` (no system turn).
+``system_text``
+    ``as-sent`` or ``stripped``: each system message's text whitespace-stripped by the server before the template
+    sees it (Moonshot AI's and Novita's K2-0905 servers since 2025-11-13: the agent's system prompt ends in five
+    newlines, one token).
 ``history_ids``
     the ids of earlier tool calls and of the tool results answering them: ``as-sent`` (what the request holds;
     the assets' K2-Instruct and K2-Thinking templates number them ``functions.NAME:IDX`` themselves),
-    ``counter`` (rewritten to ``functions.NAME:IDX`` in order, results following their calls) or
-    ``calls-counter`` (the calls rewritten so, the results keeping the request's ``tool_call_id``; SiliconFlow).
+    ``counter`` (rewritten to ``functions.NAME:IDX`` in order, results following their calls),
+    ``calls-counter`` (the calls rewritten so, the results keeping the request's ``tool_call_id``; SiliconFlow) or
+    ``verbatim`` (the K2-Instruct and K2-Thinking templates revised to read the request's ``tool_call['id']`` and
+    ``tool_call_id`` instead of numbering their own: Parasail and AtlasCloud on the agent's histories, whose turns
+    were answered by several providers, so that an earlier answer's ``bash:2`` from Moonshot AI is billed as
+    ``bash:2``, two tokens under ``functions.bash:2`` in the call and two in its result).
 ``history_args``
     earlier tool calls' argument strings: ``as-sent``, ``spaced`` (``json.loads`` then ``json.dumps``: ``", "``
     and ``": "``), ``compact`` (``","`` and ``":"``) or ``spaced-float`` (spaced, every integer written as a float,
@@ -80,6 +91,13 @@ on the rendered prompt pieces, or on counts:
 ``answer_args``
     the answer's tool-call arguments as the provider returned them (``as-answered``) or as the model wrote them
     when the provider re-serialised them compactly (``spaced``: counted as ``json.dumps`` with ``", "``/``": "``).
+``call_header``
+    how the answer's tool-call ids are counted where the server returned them without the ``functions.`` prefix
+    (``NAME:IDX``): ``as-returned`` (the id's own tokens) or ``functions-split`` (the name counted with the split it
+    has after ``functions.`` in ``functions.NAME:IDX``: ``bash`` is ``.b`` + ``ash`` there, one token more than
+    ``bash`` alone; ``glob`` is ``.glob``, none more). Moonshot AI's and Novita's K2-0905 on the agent traces: every
+    ``bash`` and ``ls`` call billed one token over the returned id, every ``glob``, ``view``, ``edit``, ``fetch`` and
+    ``download`` call exact (82 of 82 answers with calls).
 ``reasoning``
     ``counted`` (reasoning tokens are part of the billed completion) or ``excluded`` (billed without the
     reasoning and its ``<think>``/``</think>``).
@@ -117,9 +135,10 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "template": ("format", "k2-0905"),
     "tools": ("template", "json", "json-compact", "ts", "k2-0905", "json-lines", "k2-0905-compact"),
     "schema": ("as-sent", "no-strict", "vllm", "vllm-no-strict", "sglang", "sorted"),
-    "json_escape": ("none", "html"),
+    "json_escape": ("none", "html", "go"),
     "system": ("template", "default", "none"),
-    "history_ids": ("as-sent", "counter", "calls-counter"),
+    "system_text": ("as-sent", "stripped"),
+    "history_ids": ("as-sent", "counter", "calls-counter", "verbatim"),
     "history_args": ("as-sent", "spaced", "compact", "spaced-float"),
     "history_content": ("as-sent", "openai-repr"),
     "history_reasoning": ("as-sent", "details"),
@@ -131,16 +150,17 @@ SPACE: dict[str, tuple[Any, ...]] = {
     "completion_offset": (0, -1, 1),
     "tool_call_offset": (0, 1, -1),
     "answer_args": ("as-answered", "spaced"),
+    "call_header": ("as-returned", "functions-split"),
     "reasoning": ("counted", "excluded"),
     "tool_answer": ("tokens", "chars-estimate"),
     "answer_text": ("as-served", "spaced-unstripped"),
 }
-REST_DIMENSIONS = ("template", "system", "history_ids", "history_args", "history_content", "history_reasoning",
+REST_DIMENSIONS = ("template", "system", "system_text", "history_ids", "history_args", "history_content", "history_reasoning",
                    "role_newline", "tool_result")  # the prompt without its tool turn
 PROMPT_DIMENSIONS = (*REST_DIMENSIONS, "tools", "schema", "json_escape", "prompt_offset", "history_call_offset", "tool_turn_offset")
 NEWLINE_ROLES = {"system-tool": ("system", "tool"), "system": ("system",)}  # role_newline -> the turns it changes
 TEMPLATE_0905_ONLY = ("role_newline", "tool_result")  # revisions of the 0905 template: with template = k2-0905 only
-COUNT_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "reasoning", "tool_answer")
+COUNT_DIMENSIONS = ("completion_offset", "tool_call_offset", "answer_args", "call_header", "reasoning", "tool_answer")
 COMPLETION_DIMENSIONS = (*COUNT_DIMENSIONS, "answer_text")  # answer_text changes the IDs, the others only counts
 REASONING_KINDS = frozenset({"reasoning", "think_begin", "think_end"})
 OFFSET_DIMENSIONS = ("prompt_offset", "history_call_offset", "tool_turn_offset", "completion_offset", "tool_call_offset")
@@ -162,6 +182,7 @@ class Variant:
     schema: str = "as-sent"
     json_escape: str = "none"
     system: str = "template"
+    system_text: str = "as-sent"
     history_ids: str = "as-sent"
     history_args: str = "as-sent"
     history_content: str = "as-sent"
@@ -174,6 +195,7 @@ class Variant:
     completion_offset: int = 0
     tool_call_offset: int = 0
     answer_args: str = "as-answered"
+    call_header: str = "as-returned"
     reasoning: str = "counted"
     tool_answer: str = "tokens"
     answer_text: str = "as-served"
@@ -272,6 +294,9 @@ SCHEMAS: dict[str, Callable[[list], list]] = {
 
 
 HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "'": "\\u0027"}
+# Go's encoding/json (json.Marshal, SetEscapeHTML left on): <, >, & and the line/paragraph separators, never '
+GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+ESCAPES = {"html": HTML_ESCAPES, "go": GO_ESCAPES}
 
 
 def html_escaped(text: str) -> str:
@@ -286,7 +311,9 @@ def declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, 
     """The text between ``tool_declare<|im_middle|>`` and ``<|im_end|>`` (``how``: a ``tools`` value, ``escape``: a
     ``json_escape`` value, applied to JSON declarations only)."""
     text = _declaration(tools, how, fmt_name, profile_declaration, template)
-    return html_escaped(text) if escape == "html" and not text.startswith("# Tools") else text
+    if escape == "none" or text.startswith("# Tools"):
+        return text
+    return text.translate(str.maketrans(ESCAPES[escape]))
 
 
 def _declaration(tools: list, how: str, fmt_name: str, profile_declaration: str, template: str) -> str:
@@ -304,6 +331,16 @@ def _declaration(tools: list, how: str, fmt_name: str, profile_declaration: str,
     if how == "json-lines":
         return "\n".join(tojson(tool) for tool in tools)
     return tojson(tools, separators=(",", ":") if how == "json-compact" else None)
+
+
+def with_system_text(messages: Sequence[Message], how: str) -> list[Message]:
+    """``messages`` with each system message's text content whitespace-stripped when ``how`` is ``stripped`` (the
+    ``system_text`` value: Moonshot's and Novita's servers since 2025-11-13 bill the crush agent's system prompt,
+    which ends in five newlines, one token short of the template's rendering, and exactly with it stripped)."""
+    if how == "as-sent":
+        return list(messages)
+    return [{**m, "content": m["content"].strip()} if m.get("role") == "system" and isinstance(m.get("content"), str)
+            else m for m in messages]
 
 
 def with_system(messages: Sequence[Message], how: str) -> list[Message]:
@@ -369,7 +406,7 @@ def with_history(messages: Sequence[Message], ids: str, args: str, content: str 
                     calls.append(call)
                     continue
                 call = {**call, "function": {**fn, "arguments": _args(fn.get("arguments"), args)}}
-                if ids != "as-sent":
+                if ids in ("counter", "calls-counter"):
                     new = f"functions.{fn.get('name')}:{counter}"
                     renamed.setdefault(call.get("id"), []).append(new)
                     call["id"], counter = new, counter + 1
@@ -406,7 +443,12 @@ def template_format(template: str, fmt_name: str, tok: Any = None, variant: "Var
     """The format a ``template`` value renders ``fmt_name`` records with (None where it does not apply); the 0905
     template with ``variant``'s revisions (``role_newline``, ``tool_result``)."""
     if template == "format":
-        return get_format(fmt_name, tok)
+        fmt = get_format(fmt_name, tok)
+        if variant is not None and variant.history_ids == "verbatim":
+            if not hasattr(fmt, "request_ids"):
+                return None  # the format keeps the request's ids already: verbatim is as-sent there
+            fmt = replace(fmt, request_ids=True)
+        return fmt
     if fmt_name != "kimi-k2-instruct":
         return None
     newline = "none" if variant is None else variant.role_newline
@@ -429,7 +471,8 @@ def variant_prompt_pieces(messages: Sequence[Message], tools: list | None, fmt_n
     fmt = template_format(variant.template, fmt_name, tok, variant)
     if fmt is None:
         return None
-    messages = with_history(with_system(messages, variant.system), variant.history_ids, variant.history_args,
+    messages = with_system_text(with_system(messages, variant.system), variant.system_text)
+    messages = with_history(messages, variant.history_ids, variant.history_args,
                             variant.history_content, variant.history_reasoning)
     if profile.name != "template":
         messages, _ = preprocess_request(messages, None, profile)
@@ -454,6 +497,23 @@ def chars_estimate(chars: int, last_arguments: int) -> int:
     25
     """
     return (chars + 2) // 4 + last_arguments
+
+
+def split_extra(tok: Any, calls: Sequence[Any]) -> int:
+    """How many more tokens the ``NAME:IDX`` ids of ``calls`` take with each name split as after ``functions.``
+    (``call_header = functions-split``); ids returned with the prefix, and calls without a string name, add none:
+    with Kimi's tokenizer ``[{"id": "bash:0", "function": {"name": "bash"}}]`` gives 1, ``glob:0`` 0."""
+    extra = 0
+    for call in calls:
+        name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+        if isinstance(name, str) and name and not str(call.get("id") or "").startswith("functions."):
+            extra += name_split_extra(tok, name)
+    return extra
+
+
+def name_split_extra(tok: Any, name: str) -> int:
+    """How many more tokens ``name`` takes split as after ``functions.`` than on its own (``.b`` + ``ash``: 1)."""
+    return len(tok.encode("functions." + name)) - 1 - len(tok.encode(name))
 
 
 def spaced_extra(tok: Any, arguments: str, n: int | None = None) -> int:

@@ -383,8 +383,12 @@ class HFTokenizer(DerivedTables):
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "HFTokenizer":
+        """The tokenizer of an HF model directory, named after the model (``.../stories260K/hf`` ->
+        ``hf:stories260K``, as :func:`kimi_eagle.engine.local.default_model_name` names it; #46: ``hf:hf`` hid the
+        toy model from every data-kind check)."""
         path = Path(path)
-        return cls(path / "tokenizer.json", path / "tokenizer_config.json", name=f"hf:{path.name}")
+        model = path.resolve().parent.name if path.resolve().name in ("hf", "model", "checkpoint") else path.name
+        return cls(path / "tokenizer.json", path / "tokenizer_config.json", name=f"hf:{model}")
 
     @property
     def n_vocab(self) -> int:

@@ -8,8 +8,9 @@ defaults (``--model``, sampling, ``provider`` routing, ``reasoning``). A line wi
 
 Output: API records (docs/CONTRACTS.md) appended as JSONL in completion order, exactly one per
 prompt: ``{"id", "dataset"?, "key", "status": "ok"|"error", "error", "request", "response",
-"http_status", "timing"}``. ``request`` is the exact JSON body sent, ``response`` the parsed body
-as received (every field kept). ``key`` is the sha256 of the record id and request body: a rerun
+"http_status", "timing", "base_url"}``. ``request`` is the exact JSON body sent, ``response`` the parsed body
+as received (every field kept), ``base_url`` where it was collected (no user, password or query: the record's
+data kind, :mod:`kimi_eagle.reconstruct.source`). ``key`` is the sha256 of the record id and request body: a rerun
 skips keys already stored (``ok`` or a permanent error), drops a torn last line and transient
 failures, and requests only what is missing -- killing a run and resuming loses and duplicates
 nothing.
@@ -406,6 +407,19 @@ class Attempts:
         return out
 
 
+def stored_base_url(base_url: str) -> str:
+    """``base_url`` as each record stores it: scheme, host, port and path, never user, password, query or fragment
+    (where a key could ride along).
+
+    >>> stored_base_url("https://user:secret@openrouter.ai/api/v1?key=k#x")
+    'https://openrouter.ai/api/v1'
+    """
+    parts = urllib.parse.urlsplit(base_url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def base_record(prompt: Prompt) -> dict[str, Any]:
     return {"id": prompt.id, **({"dataset": prompt.dataset} if prompt.dataset is not None else {}), "key": prompt.key}
 
@@ -416,6 +430,7 @@ class Collector:
         self.api_key = api_key
         self.redactor = Redactor(api_key)
         self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.source = stored_base_url(config.base_url)  # each record says where it was collected (#46: its kind)
         self.counts = {"ok": 0, "permanent": 0, "exhausted": 0, "bad_prompt": 0, "retries": 0,
                        "stream_incomplete": 0, "lone_surrogate": 0, "interrupted": 0}
         self.reasons: Counter[str] = Counter()  # failed attempts by reason
@@ -592,7 +607,7 @@ class Collector:
         """Write ``record`` with the key redacted in every form and fragment (:meth:`Redactor.record`: the assembled
         record is scanned, not only each string); an answer with lone surrogates becomes a ``lone_surrogate`` error
         (kept as escapes), one that cannot be written an ``unstorable`` one (the answer dropped, the reason kept)."""
-        record = self.redactor.record(record)
+        record = self.redactor.record({**record, "base_url": self.source})
         if record["status"] == "ok":
             bad = surrogate_paths(record.get("response"), "response")
             usage = record["response"].get("usage") if isinstance(record.get("response"), dict) else None

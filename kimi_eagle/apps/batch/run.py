@@ -30,6 +30,7 @@ from typing import Any
 
 from kimi_eagle.apps.batch.grid import Grid, GridError, Run, load_grid, validate
 from kimi_eagle.io import write_json, write_text
+from kimi_eagle.reconstruct.workers import die_with_parent, parent_watch
 
 
 @dataclass
@@ -235,10 +236,11 @@ def _pool(n: int):
     """Worker processes: on Linux forked while this process has no other thread (they inherit the imports),
     else spawned."""
     method = "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
-    return multiprocessing.get_context(method).Pool(n, initializer=_worker_init)
+    return multiprocessing.get_context(method).Pool(n, initializer=_worker_init, initargs=(parent_watch(),))
 
 
-def _worker_init() -> None:
+def _worker_init(watch: tuple[int, int]) -> None:
+    die_with_parent(*watch)  # a killed batch takes its workers down at once, quietly (issue 48)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker must not inherit the batch's handler
     if _LOCK_FD is not None:  # nor the batch lock: a worker still exiting after its batch died must not hold it
         with contextlib.suppress(OSError):

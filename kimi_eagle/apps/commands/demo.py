@@ -34,6 +34,7 @@ from kimi_eagle.apps.batch.notebooks import NOTEBOOK_DIR, execute, notebook_runs
 from kimi_eagle.apps.batch.run import render_html
 from kimi_eagle.apps.cli import POSITIVE_INT, add_option
 from kimi_eagle.apps.reports.outputs import add_figure_options, use_figure_options
+from kimi_eagle.reconstruct.workers import die_with_parent, parent_watch
 from kimi_eagle.reuse import reused_line
 
 
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[demo] --fresh: removed {len(removed)} earlier output folder(s) under {out}/; the tiny-kimi model "
               f"cache {Path(args.cache) / 'tiny_kimi'}/ is kept", flush=True)
     ledger: dict[str, dict[str, str]] = {}  # step -> what it reused ({} : fresh)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as background:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                             initargs=parent_watch()) as background:
         # tiny-kimi trains on one thread in its own process while the notebooks run
         model = background.submit(cached_tiny_kimi, Path(args.cache) / "tiny_kimi")
         print(f"[demo] tiny-kimi model: from {Path(args.cache) / 'tiny_kimi'}/, built in the background when missing",
@@ -194,7 +196,8 @@ def run_notebooks(out: Path, workers: int, ledger: dict[str, dict[str, str]] | N
     pending: dict[Future, str] = {}
     failed: list[str] = []
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with context.Manager() as manager, ProcessPoolExecutor(
+            workers, mp_context=context, initializer=die_with_parent, initargs=parent_watch()) as pool:
         started = manager.dict()
         for notebook, params in notebook_runs("demo"):
             pending[pool.submit(_execute_notebook, notebook, out / notebook.stem, params, started)] = notebook.name

@@ -5,10 +5,12 @@ import argparse
 from pathlib import Path
 
 from kimi_eagle.apps.cli import add_option
+from kimi_eagle.diff.inputs import engine_model
 from kimi_eagle.diff.run import diff_rows, read_engine, read_labels, read_reconstructed, write_diff
 from kimi_eagle.diff.summary import diff_data_kind
 from kimi_eagle.io import check_jsonl, check_parquet
 from kimi_eagle.reconstruct.job import output_lock
+from kimi_eagle.reconstruct.source import reconstruction_source
 from kimi_eagle.records import exit_status
 from kimi_eagle.tokenize.tokenizer import load_tokenizer
 
@@ -23,20 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", default=None, help="expected labels (labels.parquet from `kimi-eagle simulate`)")
 
 
-def engine_model(path: str, look: int = 1000) -> str | None:
-    """The model the engine records name (their ``model`` field, as ``kimi-eagle generate`` and tiny-kimi write it;
-    the first of the first ``look`` records naming one), or None."""
-    from itertools import islice
-
-    from kimi_eagle.io import read_jsonl
-
-    for line in islice(read_jsonl(path), look):
-        model = line.obj.get("model") if not line.error and isinstance(line.obj, dict) else None
-        if isinstance(model, str) and model:
-            return model
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     from kimi_eagle.assets import kimi_dir
 
@@ -47,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer or kimi_dir())
     result = diff_rows(tok, read_engine(args.engine, tok), recon_rows, labels)
     meta = {"engine": str(args.engine), "reconstructed": str(args.reconstructed), "tokenizer": tok.name,
-            "labels": args.labels, **({"engine_model": m} if (m := engine_model(args.engine)) else {})}
+            "labels": args.labels, **({"engine_model": m} if (m := engine_model(args.engine)) else {}),
+            **({"api_model": s["model"]} if (s := reconstruction_source(args.reconstructed)) and s.get("model") else {})}
     meta["data"], meta["data_from"] = diff_data_kind(result.records, meta)  # provenance, read by report and compare
     with output_lock(Path(args.out)):  # one diff per output directory at a time
         out = write_diff(result, args.out, meta)

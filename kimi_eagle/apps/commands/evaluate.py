@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, args.target)
+    if not prompts:  # issue 48: nothing to measure is named, never a report of zero rounds
+        raise ValueError(f"{args.prompts}: no prompts in it (an empty file or folder)")
     t0 = time.perf_counter()
     options = EvaluateOptions(k=args.k, max_new_tokens=args.max_new_tokens, seed=args.seed, ngram=not args.no_ngram,
                               temperatures=tuple(args.temperatures))

@@ -37,9 +37,11 @@ MAX_LAYERS = 1024  # decoder layers of a target (Kimi-K2.5 has 61)
 
 def check_target_shape(args: argparse.Namespace, cfg: dict) -> None:
     """ValueError when ``--n-layers``/``--hidden-size`` contradict the target's ``config.json`` (the layer ids of the
-    run configs must exist in the target) or the config's own value is not a whole number in range."""
+    run configs must exist in the target) or the config's own value (those two, ``vocab_size``) is not a whole number
+    in range."""
     for option, key, given in (("--n-layers", "num_hidden_layers", args.n_layers),
-                               ("--hidden-size", "hidden_size", args.hidden_size)):
+                               ("--hidden-size", "hidden_size", args.hidden_size),
+                               ("--vocab-size", "vocab_size", None)):  # vocab_size: its type only (issue 48)
         have = cfg.get(key)
         if key in cfg and (type(have) is not int or have < 1 or (key == "num_hidden_layers" and have > MAX_LAYERS)):
             bound = f"1..{MAX_LAYERS}" if key == "num_hidden_layers" else "1 or more"

@@ -33,9 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _log_record(line) -> tuple[dict | None, str | None]:
-    """One JSONL line as a calibratable record (its chat format set), or why it is left out."""
+    """One JSONL line as a calibratable record (its chat format set), or why it is left out (a usage that is not
+    counts, such as a list, is named: its billed counts are what calibration compares)."""
     from kimi_eagle.reconstruct.log_shapes import LogShapeError, as_api_record
     from kimi_eagle.reconstruct.recorded import chat_format
+    from kimi_eagle.reconstruct.usage import usage_count_problems
     from kimi_eagle.records import RecordError
 
     if line.error is not None:
@@ -46,6 +48,9 @@ def _log_record(line) -> tuple[dict | None, str | None]:
         return None, str(e)
     if not isinstance(record, dict) or not isinstance(record.get("request"), dict):
         return None, "not an API record with a request"
+    usage = record["response"].get("usage") if isinstance(record.get("response"), dict) else None
+    if problems := usage_count_problems(usage):
+        return None, "; ".join(problems)
     fmt = record.get("format") or chat_format((record.get("response") or {}).get("model"))
     if fmt is None:
         return None, "no known chat format (no format field, response.model not a Kimi model)"
@@ -153,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         rows, text = calibrate_corpus(args.log, records, counts)
         print(_safe(text))
         if left_out:
-            print(f"{len(left_out)} record(s) left out (not an API record, no request, or no known chat format)")
+            print(f"{len(left_out)} record(s) left out (not an API record, no request, usage that is not counts, or no "
+                  "known chat format)")
         tables.append((args.log, rows))
     if args.write_table:
         source, rows = tables[0]

@@ -53,25 +53,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 PARQUET_SUFFIXES = ("", ".parquet", ".pq")
 
 
-def _table(args: argparse.Namespace) -> str | None:
-    """The provider table ``--serving auto`` uses (its path, checked on load), or None for ``--provider-table none``."""
+def provider_table(args: argparse.Namespace) -> str | None:
+    """The provider table ``--serving auto`` uses (its path, checked on load: a bad table is a one-line TableError, a
+    ValueError, before anything else is loaded), or None for ``--provider-table none``. A table given under a named
+    profile (not ``auto``) is checked all the same and not used: one line on stderr says so, never silently."""
     from kimi_eagle.serving.provider_table import TABLE_PATH, load_table
 
-    if args.provider_table == "none":
+    if args.provider_table == "none" or (args.provider_table is None and args.serving not in (None, "auto")):
         return None
     path = str(args.provider_table or TABLE_PATH)
-    load_table(path)  # a bad table is a one-line TableError (a ValueError) before any output
+    load_table(path)
+    if args.serving not in (None, "auto"):
+        print(f"kimi-eagle reconstruct: warning: --provider-table {path} is not used: only --serving auto reads it "
+              f"(--serving {args.serving} renders every record with that profile)", file=sys.stderr)
+        return None
     return path
 
 
-def auto_serving(args: argparse.Namespace, overrides: dict, tok: Any) -> tuple[Any, str]:
+def auto_serving(args: argparse.Namespace, overrides: dict, tok: Any, table: str | None) -> tuple[Any, str]:
     """``--serving auto``: the provider table's entries first (per record), then each (provider, dataset)'s profile
     (kimi_eagle.reconstruct.prepass.auto_serving_options); the evidence goes to OUTPUT.serving.json, one line
-    per entry and group to the screen; the options carry both. ``tok``: the run's one loaded tokenizer."""
+    per entry and group to the screen; the options carry both. ``tok``: the run's one loaded tokenizer; ``table``:
+    :func:`provider_table`'s."""
     from kimi_eagle.reconstruct.prepass import auto_serving_options
 
     options, tool_declaration, lines = auto_serving_options(
-        args.input, args.output, tok, args.format, _table(args), overrides, args.keep_tool_ids,
+        args.input, args.output, tok, args.format, table, overrides, args.keep_tool_ids,
         always_write=args.serving == "auto")
     print("\n".join(lines))
     return options, tool_declaration
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"output {args.output}: reconstruct writes Parquet; name the file .parquet")
     if Path(args.input).exists():  # a missing input is named by reconstruct_file's own checks
         check_jsonl(args.input)  # a folder, Parquet, gzip, a JSON array: refused before any output
+    table = provider_table(args)
     overrides = dict(tool_declaration=args.tool_declaration, tool_ids=args.tool_ids,
                      omit_think_end_before_tools=True if args.omit_think_end_before_tools else None)
     profile = get_profile("template" if args.serving in (None, "auto") else args.serving, **overrides)
@@ -102,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     tok = load_tokenizer(args.tokenizer or kimi_dir())  # once: the auto pre-pass, the job and its forked workers
     if args.serving in (None, "auto") and Path(args.input).is_file():  # no --serving: auto
-        options, tool_declaration = auto_serving(args, overrides, tok)
+        options, tool_declaration = auto_serving(args, overrides, tok, table)
     try:
         job = JobOptions(workers=args.workers, resume=args.resume, completion=options, shard_size=args.shard_size,
                          progress=not args.no_progress, tool_declaration=tool_declaration)

@@ -376,5 +376,11 @@ def _target_config(target: str | None) -> dict:
     path = Path(target) / "config.json"
     if not path.is_file():
         raise ValueError(f"--target {target}: no config.json")
-    cfg = json.loads(path.read_text())
-    return cfg.get("text_config", cfg)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # issue 48: the file is named
+        raise ValueError(f"--target {target}: {path} is not readable JSON ({str(e)[:160]})") from None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else cfg
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--target {target}: {path} is not a JSON object")
+    return cfg

@@ -384,13 +384,18 @@ def collect_rows(path: Any, *, vocab_size: int, max_length: int | None = None, d
     if path.suffix != ".parquet":
         records = ((k, line.obj, line.error) for k, line in enumerate(read_jsonl(path)))
         return _rows_one_by_one(records, rules, stats), stats
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parts, index0, source = [], 0, pq.ParquetFile(path)
-    columns = [c for c in RECORD_FIELDS if c in source.schema_arrow.names] or None  # all the rules ever read
-    for batch in source.iter_batches(batch_size=batch_rows, columns=columns):
-        parts.append(check_batch(batch, index0, rules, stats))
-        index0 += batch.num_rows
+    parts, index0 = [], 0
+    try:
+        source = pq.ParquetFile(path)
+        columns = [c for c in RECORD_FIELDS if c in source.schema_arrow.names] or None  # all the rules ever read
+        for batch in source.iter_batches(batch_size=batch_rows, columns=columns):
+            parts.append(check_batch(batch, index0, rules, stats))
+            index0 += batch.num_rows
+    except (pa.ArrowException, OSError) as e:  # issue 48: a truncated or foreign file is named, not Arrow's words alone
+        raise ValueError(f"{path}: not a readable Parquet file ({str(e)[:160]})") from None
     return ExportRows.concat(parts), stats
 
 

@@ -32,6 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kimi_eagle import data_kinds
 from kimi_eagle.apps.reports.outputs import write_summary_tables
 from kimi_eagle.apps.reports.toolkit import (
     SIGN_CONVENTION,
@@ -517,6 +518,13 @@ BANNER = ("<p class='banner'><b>Billing-only evidence.</b> No engine token IDs w
           "(<code>kimi-eagle diff --engine</code>) sees IDs. Data: <b>{data}</b>.</p>")
 
 
+def kind_note(data: str) -> list[str]:
+    """The page's note under the banner for data that are not Kimi's (toy model, stand-in providers), or none."""
+    kind = data_kinds.base_kind(data)
+    text = TOY_NOTE if kind == data_kinds.TOY else data_kinds.describe(data) if kind == data_kinds.STAND_IN else None
+    return [f"<p class='data {kind}'>{html.escape(text)}</p>"] if text else []
+
+
 def billing_finding(summary: dict[str, Any]) -> str:
     """The page's one-line finding in plain words, from the verdict classes. The unexplained share is of the
     *rated* records (a reconstruction and a billed count), the denominator every page uses; error rows and
@@ -555,7 +563,7 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
         f"<h1>Billing-only evidence: provider counts vs reconstructed tokens ({html.escape(data)} data)</h1>",
         *[finding(html.escape(t)) for t in [unexplained_finding(summary.get("providers") or [])] if t],
         finding(html.escape(billing_finding(summary))),
-        BANNER.format(data=html.escape(data)), *([f"<p class='data toy'>{html.escape(TOY_NOTE)}</p>"] if data == "toy" else []),
+        BANNER.format(data=html.escape(data)), *kind_note(data),
         f"<p class='sign'>{html.escape(SIGN_CONVENTION)}</p>", *left_out,
         *[f"<p class='serving'>{html.escape(t)}</p>" for t in [serving_line(summary.get("serving_by_provider"))] if t],
         *serving_evidence_html(summary.get("serving_evidence")),
@@ -575,8 +583,8 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     data = data or ("simulated" if labels else "real")
     if labels and data == "real":
         raise ValueError("data 'real' with the labels of a simulated benchmark: these are simulated data")
-    if data not in DATA_LABELS:
-        raise ValueError(f"data must be one of {DATA_LABELS}, not {data!r}")
+    if data not in DATA_LABELS and data_kinds.base_kind(data) != data_kinds.STAND_IN:  # ValueError naming the kinds
+        raise ValueError(f"data must be one of {DATA_LABELS} or 'stand-in: <what>', not {data!r}")
     out = Path(out_dir)
     records = name_flags(reconcile_rows(tok, recon_rows))
     with atomic_path(out / "billing_records.parquet") as tmp:

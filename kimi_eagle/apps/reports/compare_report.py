@@ -226,22 +226,41 @@ def billing_figures(summary: dict[str, Any]) -> dict[str, Estimate]:
     """A billing output's figures: verdict-class shares, and per provider and dataset the gaps and unexplained rate."""
     n = count(summary["n_records"], "n_records")
     figures: dict[str, Estimate | None] = {"records": Estimate(n)}
+    if not isinstance(summary["verdict_class"], dict):
+        raise ValueError(f"holds verdict_class = {str(summary['verdict_class'])[:40]!r}, not an object of counts")
     for verdict, k in summary["verdict_class"].items():
         figures[f"share {verdict}"] = share(k, n, f"verdict_class.{verdict}")
-    groups = [("provider", g) for g in summary.get("by_provider", [])] + [("dataset", g) for g in summary.get("by_dataset", [])]
+    groups = [("provider", g) for g in _groups(summary, "by_provider")] + [("dataset", g) for g in _groups(summary, "by_dataset")]
     for by, g in groups:
         where = "all records" if g[by] == "all" else f"{by} {g[by]}"
         for gap in ("gap_pct", "unexplained_gap_pct"):
             if g.get(gap) is not None:
+                name = f"by_{by}[{g[by]!r}].{gap}"
                 figures[f"billing {gap.replace('_pct', '').replace('_', ' ')} % · {where}"] = Estimate(
-                    float(g[gap]), _bound(g.get(f"{gap}_lo")), _bound(g.get(f"{gap}_hi")))
+                    _real(g[gap], name), _bound(g.get(f"{gap}_lo"), f"{name}_lo"), _bound(g.get(f"{gap}_hi"), f"{name}_hi"))
         figures[f"unexplained rate · {where}"] = share(g.get("unexplained", 0), g.get("rated", 0),
                                                        f"by_{by}.unexplained")
     return {k: v for k, v in figures.items() if v is not None}
 
 
-def _bound(v: Any) -> float | None:
-    return None if v is None else float(v)
+def _groups(summary: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """``summary[key]`` (``by_provider``/``by_dataset``): a list of objects, else a ValueError naming the field."""
+    groups = summary.get(key, [])
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise ValueError(f"holds {key} = {str(groups)[:40]!r}, not a list of objects")
+    return groups
+
+
+def _real(v: Any, name: str) -> float:
+    """``v`` as a number (an int or float, finite), else a ValueError naming the field ``name`` (issue 48: a string
+    was converted, or ended in a message naming no field)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"holds {name} = {str(v)[:40]!r}, not a finite number")
+    return float(v)
+
+
+def _bound(v: Any, name: str = "an interval bound") -> float | None:
+    return None if v is None else _real(v, name)
 
 
 def checked(figures: dict[str, Estimate], run: str, warnings: list[str]) -> dict[str, Estimate]:
@@ -287,6 +306,9 @@ def batch_figures(table: pd.DataFrame, run: str = "A", warnings: list[str] | Non
             keys[f"records · {key}"] = params
         for column, name in BATCH_FIGURES.items():
             value = _number(row.get(column))
+            if value is None and not _missing(row.get(column)):  # issue 48: left out, and said
+                warnings.append(f"run {run}: batch run {key!r} reports {column} = {str(row.get(column))[:40]!r}, not "
+                                "a number; that figure is left out")
             if value is not None:
                 figures[f"{name} · {key}"] = Estimate(value, _number(row.get(f"{column}_ci.0")),
                                                       _number(row.get(f"{column}_ci.1")))

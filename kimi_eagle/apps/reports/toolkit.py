@@ -93,9 +93,12 @@ TOY_NOTE = ("REAL engine, toy model (not Kimi's rates): a small model that is no
             "Its mismatch and billing rates say nothing about Kimi or any provider; they only show the kit end to end.")
 
 
-def data_tag(data: str) -> str:
+def data_tag(data: str | None) -> str:
     """The tag every chart of ``data`` carries: :func:`kimi_eagle.data_kinds.data_tag` (``[REAL data]``,
-    ``[STAND-IN data: stories260K served locally]``, ...), else ``[<DATA> data]``."""
+    ``[STAND-IN data: stories260K served locally]``, ...), ``[kind not recorded]`` for None (a kind the inputs do
+    not state is never real), else ``[<DATA> data]``."""
+    if data is None:
+        return data_kinds.NOT_RECORDED
     try:
         return data_kinds.data_tag(data)
     except ValueError:

@@ -2,8 +2,9 @@
 
 Each chart is drawn on its own :class:`matplotlib.figure.Figure` (pyplot and its backend are never touched):
 the function returns the figure (a notebook displays it) and, given ``path``, also writes it as a PNG
-(atomically). Every chart carries its data tag (``data``: ``"real"`` by default — engine generations — or
-``"toy"`` for tiny-kimi, ``"simulated"``; see :func:`~kimi_eagle.apps.reports.toolkit.data_tag`). The numbers come from the library: :func:`~kimi_eagle.eagle3.train.read_history` entries,
+(atomically). Every chart carries its data tag (``data``: ``"real"`` for a Kimi target's generations, ``"toy"``
+for stories260K and tiny-kimi, ``"simulated"``; see :func:`~kimi_eagle.apps.reports.toolkit.data_tag`); a chart told
+no kind says ``[kind not recorded]``, never real (#46). The numbers come from the library: :func:`~kimi_eagle.eagle3.train.read_history` entries,
 :func:`~kimi_eagle.eagle3.evaluate.tau_table` rows and :func:`~kimi_eagle.eagle3.ablation.run_ablation`'s table.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from matplotlib.figure import Figure
 
 from kimi_eagle.apps.reports.outputs import write_chart
 from kimi_eagle.apps.reports.toolkit import data_tag
+from kimi_eagle.data_kinds import meta_kind
 from kimi_eagle.eagle3.train import read_history
 
 LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}  # one per run, in turn
@@ -40,7 +42,7 @@ def position_label(drafter: str, k: int) -> str:
     return f"block slot {k + 1}" if drafter == "dflash" else f"TTT step {k}"
 
 
-def plot_history(history: Sequence[dict], path: str | Path | None = None, data: str = "real",
+def plot_history(history: Sequence[dict], path: str | Path | None = None, data: str | None = None,
                  drafter: str = "eagle3") -> Figure:
     """Loss and accuracy of every draft position (EAGLE-3: unroll step; DFlash: block slot) over one training run;
     also written to ``path`` (PNG, atomically) when given. Returns the figure."""
@@ -60,20 +62,24 @@ def plot_history(history: Sequence[dict], path: str | Path | None = None, data: 
 
 
 def write_train_curves(train_dir: str | Path) -> Path | None:
-    """:func:`plot_history` of ``train_dir/train_log.jsonl`` written to ``train_dir/train_curves.png``;
-    returns the path, or None (nothing written) when the log is missing or empty."""
+    """:func:`plot_history` of ``train_dir/train_log.jsonl`` written to ``train_dir/train_curves.png``, tagged with
+    the data kind ``train_metrics.json`` states (#46: a stories260K run is ``toy``, never "[REAL data]"; a folder
+    whose ``train_metrics.json`` predates its ``data`` field, or has none, is ``[kind not recorded]``); returns the
+    path, or None (nothing written) when the log is missing or empty."""
     train_dir = Path(train_dir)
     history = read_history(train_dir / "train_log.jsonl")
     if not history:
         return None
     metrics = train_dir / "train_metrics.json"
-    drafter = (json.loads(metrics.read_text()).get("drafter") or "eagle3") if metrics.exists() else "eagle3"
-    plot_history(history, train_dir / TRAIN_CURVES, drafter=drafter).clear()  # a standalone figure: nothing else holds it
+    saved = json.loads(metrics.read_text()) if metrics.exists() else {}
+    saved = saved if isinstance(saved, dict) else {}
+    drafter, data = saved.get("drafter") or "eagle3", meta_kind(saved)  # None: not recorded, never real
+    plot_history(history, train_dir / TRAIN_CURVES, data=data, drafter=drafter).clear()  # standalone: nothing else holds it
     return train_dir / TRAIN_CURVES
 
 
 def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | Path | None = None,
-                   data: str = "real", drafter: str = "eagle3") -> Figure:
+                   data: str | None = None, drafter: str = "eagle3") -> Figure:
     """Several training runs side by side: step-0 loss per run, and accuracy per unroll step (one colour
     per step, one line style per run, in the order of ``runs``). ``runs`` maps a name to a
     ``train_log.jsonl`` path or its :func:`~kimi_eagle.eagle3.train.read_history` entries. Also written to
@@ -108,7 +114,7 @@ def plot_histories(runs: Mapping[str, str | Path | Sequence[dict]], path: str | 
 
 def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("greedy", "t=1"), title: str = "",
              path: str | Path | None = None, intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
-             model: str = "", data: str = "real") -> Figure:
+             model: str = "", data: str | None = None) -> Figure:
     """Grouped bars of τ per decoding mode, one bar per row of a :func:`~kimi_eagle.eagle3.evaluate.tau_table`,
     with error bars from ``intervals`` (:func:`~kimi_eagle.eagle3.evaluate.tau_intervals`) where given;
     ``model`` (the target) is named in the title. Also written to ``path`` (PNG, atomically) when given.
@@ -144,7 +150,8 @@ def plot_tau(table: Mapping[str, Mapping[str, float]], modes: Sequence[str] = ("
 # the ablation
 
 
-def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None, data: str = "real") -> Figure:
+def plot_arms(table: Sequence[Mapping], title: str = "", path: str | Path | None = None,
+              data: str | None = None) -> Figure:
     """τ per arm with its 95 % bootstrap interval, one panel per decoding mode; also written to ``path``.
 
     A standalone ``Figure`` (no pyplot state): display it, or it is simply garbage-collected."""

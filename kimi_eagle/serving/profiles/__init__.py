@@ -32,7 +32,8 @@ absent from an entry keeps the base's value (or the default: ``tool_part_join`` 
 ``base`` and ``candidate`` are not inherited. Any mistake (TOML syntax, an unknown key, a value of the wrong
 type or outside :data:`~kimi_eagle.serving.profiles.CHOICES`, a duplicate name or alias, an unknown base, a
 base cycle, an alias to no profile or shadowing one, two candidates of one rank) raises ValueError with one
-line ``serving profile file X.toml: ...``.
+line ``serving profile file X.toml: ...`` of at most :data:`MAX_MESSAGE` characters (a long key, name or value is
+shown shortened). A UTF-8 byte-order mark at the start of a file (what some Windows editors write) is read past.
 
 >>> profiles, aliases = load_profiles()
 >>> aliases["vllm"], profiles["vllm-legacy"].split_on
@@ -198,8 +199,16 @@ class _Entry:
     values: dict[str, Any]  # the fields the entry sets, its header's server and version included
 
 
+MAX_MESSAGE = 300  # an error names the file, the key and the value shortened: one line, never the whole value
+
+
+def _bounded(text: str) -> str:
+    """``text`` of at most :data:`MAX_MESSAGE` characters: its start (the file, the key) and its end (what is known)."""
+    return text if len(text) <= MAX_MESSAGE else f"{text[:200]} ... {text[-(MAX_MESSAGE - 205):]}"
+
+
 def _error(file: str, message: str) -> ValueError:
-    return ValueError(f"serving profile file {file}: {message}")
+    return ValueError(_bounded(f"serving profile file {_label(file)}: {message}"))
 
 
 def _toml_type(value: Any) -> str:
@@ -209,6 +218,11 @@ def _toml_type(value: Any) -> str:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _label(name: str) -> str:
+    """A name (a profile's, a file's) as an error shows it: at most 60 characters."""
+    return name if len(name) <= 60 else name[:57] + "..."
 
 
 MAX_FILE_BYTES = 1 << 20  # a profile file is a few KB; anything past 1 MiB is not one
@@ -227,14 +241,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
     if len(raw) > MAX_FILE_BYTES:
         raise _error(path.name, f"larger than {MAX_FILE_BYTES:,} bytes: not a profile file")
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8").removeprefix("\ufeff"))  # a BOM (Windows editors): no statement
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise _error(path.name, f"not TOML: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise _error(path.name, "not TOML: nested too deeply") from None
     unknown = [k for k in data if k not in FILE_KEYS]
     if unknown:
-        raise _error(path.name, f"unknown key {unknown[0]!r}; known: {', '.join(FILE_KEYS)}")
+        raise _error(path.name, f"unknown key {_shown(unknown[0])}; known: {', '.join(FILE_KEYS)}")
     return data
 
 
@@ -249,7 +263,7 @@ def _name(file: str, what: str, value: Any) -> str:
         raise _error(file, f"{what} has no name")
     name = _string(file, what, "name", value)
     if not NAME.match(name):
-        raise _error(file, f"{what} {name!r}: names are lowercase letters, digits, '.', '-', '_'")
+        raise _error(file, f"{what} {_shown(name)}: names are lowercase letters, digits, '.', '-', '_'")
     if name in RESERVED:
         raise _error(file, f"{what} {name!r} is reserved (--serving {name})")
     return name
@@ -261,7 +275,7 @@ def _header(file: str, data: dict[str, Any]) -> dict[str, str]:
         raise _error(file, "no [header] table (server, version, source, notes)")
     unknown = [k for k in header if k not in HEADER_KEYS]
     if unknown:
-        raise _error(file, f"[header]: unknown key {unknown[0]!r}; known: {', '.join(HEADER_KEYS)}")
+        raise _error(file, f"[header]: unknown key {_shown(unknown[0])}; known: {', '.join(HEADER_KEYS)}")
     missing = [k for k, required in HEADER_KEYS.items() if required and k not in header]
     if missing:
         raise _error(file, f"[header]: no {missing[0]}")
@@ -291,11 +305,11 @@ def _entry(file: str, header: dict[str, str], raw: Any, k: int) -> _Entry:
     if not isinstance(raw, dict):
         raise _error(file, f"profiles[{k}] is {_toml_type(raw)}, expected a table ([[profiles]])")
     name = _name(file, f"profiles[{k}]", raw.get("name"))
-    where = f"profile {name}"
+    where = f"profile {_label(name)}"
     unknown = [key for key in raw if key not in ENTRY_KEYS and key not in FIELDS]
     if unknown:
         hint = " (set in [header])" if unknown[0] in HEADER_FIELDS else ""
-        raise _error(file, f"{where}: unknown key {unknown[0]!r}{hint}")
+        raise _error(file, f"{where}: unknown key {_shown(unknown[0])}{hint}")
     base = raw.get("base")
     values = {key: _field_value(file, where, key, v) for key, v in raw.items() if key in FIELDS}
     return _Entry(file, name, None if base is None else _string(file, where, "base", base),
@@ -314,7 +328,7 @@ def _file_aliases(file: str, data: dict[str, Any]) -> dict[str, str]:
     raw = data.get("aliases", {})
     if not isinstance(raw, dict):
         raise _error(file, f"aliases is {_toml_type(raw)}, expected a table ([aliases])")
-    return {_name(file, "alias", alias): _string(file, f"alias {alias}", "target", target)
+    return {_name(file, "alias", alias): _string(file, f"alias {_label(alias)}", "target", target)
             for alias, target in raw.items()}
 
 
@@ -322,13 +336,13 @@ def _add_entry(entries: dict[str, _Entry], entry: _Entry) -> None:
     first = entries.get(entry.name)
     if first is not None:
         where = "this file" if first.file == entry.file else first.file
-        raise _error(entry.file, f"profile {entry.name} is defined twice (also in {where})")
+        raise _error(entry.file, f"profile {_label(entry.name)} is defined twice (also in {_label(where)})")
     entries[entry.name] = entry
 
 
 def _add_alias(aliases: dict[str, tuple[str, str]], file: str, alias: str, target: str) -> None:
     if alias in aliases:
-        raise _error(file, f"alias {alias} is defined twice (also in {aliases[alias][1]})")
+        raise _error(file, f"alias {_label(alias)} is defined twice (also in {_label(aliases[alias][1])})")
     aliases[alias] = (target, file)
 
 
@@ -339,10 +353,11 @@ def _resolved(name: str, entries: dict[str, _Entry], done: dict[str, dict[str, A
     while at is not None and at not in done:
         entry = entries[at]
         if at in chain:
-            raise _error(entry.file, f"profile {at}: base cycle {' -> '.join(chain[chain.index(at):][:6])} -> {at}")
+            cycle = " -> ".join(map(_label, [*chain[chain.index(at):][:6], at]))
+            raise _error(entry.file, f"profile {_label(at)}: base cycle {cycle}")
         chain.append(at)
         if entry.base is not None and entry.base not in entries:
-            raise _error(entry.file, f"profile {at}: unknown base {entry.base!r} (a base names a profile, "
+            raise _error(entry.file, f"profile {_label(at)}: unknown base {_shown(entry.base)} (a base names a profile, "
                                      "not an alias)")
         at = entry.base
     inherited = done[at] if at is not None else {}
@@ -361,9 +376,9 @@ def _build(entry: _Entry, values: dict[str, Any]) -> ServingProfile:
 def _checked_aliases(aliases: dict[str, tuple[str, str]], entries: dict[str, _Entry]) -> dict[str, str]:
     for alias, (target, file) in aliases.items():
         if alias in entries:
-            raise _error(file, f"alias {alias} is also a profile name (in {entries[alias].file})")
+            raise _error(file, f"alias {_label(alias)} is also a profile name (in {_label(entries[alias].file)})")
         if target not in entries:
-            raise _error(file, f"alias {alias} points to {target!r}, which is no profile")
+            raise _error(file, f"alias {_label(alias)} points to {_shown(target)}, which is no profile")
     return {alias: target for alias, (target, _) in aliases.items()}
 
 
@@ -372,7 +387,7 @@ def _check_stream_profiles(profiles: dict[str, ServingProfile], entries: dict[st
     for name, p in profiles.items():
         target = profiles.get(p.stream_profile) if p.stream_profile else None
         if p.stream_profile and (target is None or not target.streaming or target is p):
-            raise _error(entries[name].file, f"profile {name}: stream_profile {p.stream_profile!r} is no streaming "
+            raise _error(entries[name].file, f"profile {_label(name)}: stream_profile {_shown(p.stream_profile)} is no streaming "
                                              "profile")
 
 
@@ -380,7 +395,8 @@ def _candidates(entries: dict[str, _Entry]) -> tuple[str, ...]:
     ranked: dict[int, str] = {}
     for e in entries.values():
         if e.candidate is not None and e.candidate in ranked:
-            raise _error(e.file, f"profile {e.name}: candidate = {e.candidate} is also {ranked[e.candidate]}'s rank")
+            raise _error(e.file, f"profile {_label(e.name)}: candidate = {e.candidate} is also "
+                                 f"{_label(ranked[e.candidate])}'s rank")
         if e.candidate is not None:
             ranked[e.candidate] = e.name
     return tuple(ranked[k] for k in sorted(ranked))
@@ -391,9 +407,12 @@ def read_profiles(folder: str | Path | None = None, extra: tuple[Path, ...] = ()
     ``profiles/``), read in sorted order, then of the ``extra`` files, checked together (ValueError: one line
     naming the file)."""
     folder = PROFILE_DIR if folder is None else Path(folder)
+    if not folder.is_dir():
+        raise ValueError(_bounded(f"serving profile folder {folder}: "
+                                  + ("not a folder" if folder.exists() else "no such folder")))
     paths = sorted(folder.glob("*.toml"))
     if not paths:
-        raise ValueError(f"serving profile folder {folder}: no *.toml files")
+        raise ValueError(_bounded(f"serving profile folder {folder}: no *.toml files"))
     paths += list(extra)
     entries: dict[str, _Entry] = {}
     aliases: dict[str, tuple[str, str]] = {}
@@ -433,7 +452,7 @@ def canonical_name(name: str) -> str:
     resolved = ALIASES.get(name, name)
     if resolved not in PROFILES:
         aliases = ", ".join(f"{a} -> {n}" for a, n in ALIASES.items())
-        raise ValueError(f"unknown serving profile {name!r}; known: {', '.join(PROFILES)} (aliases: {aliases})")
+        raise ValueError(f"unknown serving profile {_shown(name)}; known: {', '.join(PROFILES)} (aliases: {aliases})")
     return resolved
 
 
