@@ -24,3 +24,13 @@ def test_one_papermill_line_per_notebook_family_with_declared_parameters_only():
         declared = parameter_names(REPO_ROOT / notebook)
         given = re.findall(r"-p (\w+)", line)
         assert "output_dir" in given and set(given) <= set(declared), (notebook, set(given) - set(declared))
+
+
+def test_providers_prints_a_column_key_and_never_shows_a_one_record_group_as_explained(capsys):
+    from kimi_eagle.apps.cli import main
+
+    assert main(["providers", str(REPO_ROOT / "docs" / "examples" / "openai_log.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "\ncolumns: n = the group's records;" in out
+    one_record = [line for line in out.splitlines() if line.startswith("| Together |")]
+    assert one_record and "THIN" in one_record[0] and "rests on 1 record(s)" in one_record[0]
