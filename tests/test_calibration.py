@@ -27,7 +27,6 @@ from kimi_eagle.serving.provider_table import (
     calibrated_profile,
     load_table,
     table_entry,
-    table_items,
 )
 from kimi_eagle.serving.request import served_prompt_pieces
 from kimi_eagle.serving.variants import (
@@ -234,29 +233,29 @@ def test_corpus_totals_against_the_targets(rows):
     assert t["held_out_prompt"] == (168, 180) and t["held_out_completion"] == (176, 180)
 
 
-def test_the_shipped_table_is_the_calibration_of_the_recorded_corpus(rows):
-    shipped = load_table()
-    assert [(e.provider, e.model, e.period) for e in shipped] == [(r["provider"], r["model"], r["period"])
-                                                                    for r in rows]
-    for entry, item in zip(shipped, table_items(rows)):
-        assert entry.variant.profile == item["profile"] and entry.variant.conventions() == item["conventions"]
-        assert entry.figures == {k: tuple(item[k]) for k in entry.figures} and entry.status == item["status"]
-
-
 # --------------------------------------------------------------------------------------------
 # The table file
 
 
 def test_calibrated_profile_reads_the_table():
-    assert calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905") == (
-        "template", {"template": "k2-0905", "schema": "vllm", "role_newline": "system"})
-    assert calibrated_profile("Chutes", "moonshotai/kimi-k2-0905")[1]["schema"] == "sglang"
-    assert calibrated_profile("BaseTen", "kimi-k2-0905") is not None  # the vendor prefix may differ
+    """The shipped table: both recorded corpora calibrated together (tests/test_agent_traces_table.py checks it is)."""
+    base = ("template", {"template": "k2-0905", "schema": "vllm", "system_text": "stripped", "role_newline": "system"})
+    assert calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905", "2025-10-01") == base
+    assert calibrated_profile("BaseTen", "kimi-k2-0905", "2025-10-01") == base  # the vendor prefix may differ
+    assert calibrated_profile("Chutes", "moonshotai/kimi-k2-0905", "2025-09")[1]["schema"] == "sglang"
     # thin entries (issue 44): no profile is given for them, though --serving auto renders them, flagged
+    assert calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905") is None  # its latest period: 6 records
     assert calibrated_profile("Chutes", "moonshotai/kimi-k2.5-0127") is None
-    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905") is None
-    assert table_entry("Moonshot AI", "moonshotai/kimi-k2-0905").variant.tools == "ts"  # the latest period
+    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-09") is None
     assert table_entry("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-09").variant.tools == "json-compact"
+    # Moonshot AI's three servers of the agent traces: Go's JSON, TypeScript, TypeScript of the stripped system text
+    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-10-28")[1]["json_escape"] == "go"
+    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905", "2025-11-12") == ("template", {"tools": "ts"})
+    assert calibrated_profile("Moonshot AI", "moonshotai/kimi-k2-0905") == (  # the latest period
+        "template", {"tools": "ts", "system_text": "stripped", "call_header": "functions-split"})
+    # a day of a period split by fingerprint family: the family's own entry of that period
+    assert table_entry("Novita", "moonshotai/kimi-k2-0905", "2025-09-10", deployment="none").deployment == "none"
+    assert table_entry("Novita", "moonshotai/kimi-k2-0905", "2025-11-20", deployment="none").variant.tools == "ts"
     assert calibrated_profile("DeepInfra", "moonshotai/kimi-k2-0905") is None  # unexplained: never a silent pick
     assert calibrated_profile("Nobody", "moonshotai/kimi-k2-0905") is None
     assert TABLE_PATH.name == "providers.toml"

@@ -12,7 +12,7 @@ import pytest
 
 from kimi_eagle.assets import kimi_dir, stories_dir
 from kimi_eagle.reconstruct.convert import convert_file
-from kimi_eagle.reconstruct.job import JobOptions, read_rows, reconstruct_file
+from kimi_eagle.reconstruct.job import JobOptions, read_rows, reconstruct_file, reconstruction_schema
 from kimi_eagle.tokenize.tokenizer import ids_to_bytes
 
 CONTRACT_COLUMNS = ["id", "dataset", "status", "error", "format", "prompt_ids", "completion_ids", "n_prompt_tokens",
@@ -171,6 +171,17 @@ def test_resume_names_a_manifest_an_older_version_wrote(sharegpt_records, tmp_pa
     parts.mkdir()
     (parts / "manifest.json").write_text(json.dumps({"sha256": "0" * 64, "format": "kimi-k2.5"}))
     with pytest.raises(ValueError, match="older kimi-eagle .a SHA-256 manifest.; run again without --resume"):
+        reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", JobOptions(resume=True, progress=False))
+
+
+def test_resume_refuses_shards_of_an_older_row_schema(sharegpt_records, tmp_path):
+    """Shards written before a column was added (billed_prompt_tokens) are never merged with new ones."""
+    out = tmp_path / "o.parquet"
+    parts = tmp_path / "o.parquet.parts"
+    parts.mkdir()
+    older = [c for c in reconstruction_schema().names if c not in ("billed_prompt_tokens", "prompt_count_offset")]
+    (parts / "manifest.json").write_text(json.dumps({"format": "kimi-k2.5", "columns": older}))
+    with pytest.raises(ValueError, match="written with other columns .an older kimi-eagle.; run again without --resume"):
         reconstruct_file(sharegpt_records, out, kimi_dir(), "kimi-k2.5", JobOptions(resume=True, progress=False))
 
 

@@ -513,4 +513,5 @@ def get_format(name: str, tokenizer: Tokenizer | None = None, tool_declaration: 
 
 
 FORMATS = ("kimi-k2.5", "kimi-k2.5-nothink", "kimi-k2-thinking", "kimi-k2-instruct", "hf-template", "plain")
+RECORD_FORMATS = ("auto", *FORMATS)  # what reconstruct accepts: auto picks one per record by its model name
 TOOL_DECLARATIONS = ("json", "ts")

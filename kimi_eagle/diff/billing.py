@@ -321,6 +321,8 @@ BILLING_SCHEMA = pa.schema([
     ("eot_vote", pa.string()), ("reasoning_vote", pa.string()),
     ("expected_delta", pa.int64()), ("unexplained_tokens", pa.int64()),
     ("verdict", pa.string()), ("conventions", pa.list_(pa.string())), ("reason", pa.string()),
+    ("n_prompt_tokens", pa.int64()), ("billed_prompt_tokens", pa.int64()), ("prompt_count_offset", pa.int64()),
+    ("prompt_verdict", pa.string()), ("prompt_residual", pa.int64()),
 ])
 
 
@@ -408,6 +410,7 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
                        billing_delta=None if bc is None else bc - f.n_tokens,
                        reasoning_delta=None if br is None else br - f.n_reasoning)
             row.update(eot_vote=_eot_vote(row["billing_delta"], f), reasoning_vote=_reasoning_vote(br, f))
+            row.update(prompt_fields(r))
         else:
             row.update(verdict="error", reason=row["error"])
         out.append(row)
@@ -418,6 +421,39 @@ def reconcile_rows(tok: Tokenizer, rows: Iterable[Mapping[str, Any]]) -> pd.Data
             _judge(row, f, conventions[row["provider"]], usage_error, table)
     _name_systematic_gaps(out)
     return pa.Table.from_pylist(out, schema=BILLING_SCHEMA).to_pandas()
+
+
+# The prompt side: the provider's ``usage.prompt_tokens`` against the reconstructed prompt's IDs, plus the count offsets
+# of the provider table variant that rendered it (``prompt_count_offset``: conventions, not tokens in the IDs).
+
+PROMPT_VERDICTS = ("equal", "equal_by_table", "differs", "not_billed")
+PROMPT_NOT_RECORDED = ("billed prompt count not recorded: the reconstruction has no billed_prompt_tokens column (made "
+                       "before kimi-eagle kept usage.prompt_tokens); reconstruct it again to compare prompts")
+
+
+def prompt_verdict(n_prompt: int | None, billed: int | None, offset: int | None) -> tuple[str | None, int | None]:
+    """``(verdict, residual)`` of a prompt: ``equal`` (the reconstructed count is the billed one), ``equal_by_table``
+    (it is once the table variant's nonzero ``offset`` is added), ``differs`` (residual: billed − (reconstructed +
+    offset)), ``not_billed`` (no usable billed count); ``(None, None)`` without a reconstructed count."""
+    if n_prompt is None:
+        return None, None
+    if billed is None:
+        return "not_billed", None
+    if billed == n_prompt:
+        return "equal", 0
+    if offset and billed == n_prompt + offset:
+        return "equal_by_table", 0
+    return "differs", billed - n_prompt - (offset or 0)
+
+
+def prompt_fields(r: Mapping[str, Any]) -> dict[str, Any]:
+    """The prompt columns of an ok row's billing record (a row without ``billed_prompt_tokens`` or
+    ``prompt_count_offset``, written before they existed, reads them as null)."""
+    n, billed, offset = _int(r.get("n_prompt_tokens")), _int(r.get("billed_prompt_tokens")), _int(r.get("prompt_count_offset"))
+    billed = billed if billed is not None and billed >= 0 else None
+    verdict, residual = prompt_verdict(n, billed, offset)
+    return {"n_prompt_tokens": n, "billed_prompt_tokens": billed, "prompt_count_offset": offset,
+            "prompt_verdict": verdict, "prompt_residual": residual}
 
 
 def systematic_gaps(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -22,9 +22,10 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from kimi_eagle.chat.by_model import record_format
 from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.encoder import PieceEncoder
-from kimi_eagle.chat.formats import Format, get_format
+from kimi_eagle.chat.formats import Format
 from kimi_eagle.io import UTF8_BOM, iter_raw_lines
 from kimi_eagle.reconstruct.job import rows_table
 from kimi_eagle.reconstruct.record import ReconstructOptions, error_row, reconstruct_line
@@ -38,7 +39,7 @@ class BatchOptions:
     (``json`` or ``ts``) and the completion options — the settings of ``kimi-eagle reconstruct``."""
 
     tokenizer_dir: str
-    format_name: str = "kimi-k2.5"
+    format_name: str = "auto"  # as the CLI: each record in its model's format (kimi_eagle.chat.by_model)
     tool_declaration: str = "json"
     completion: CompletionOptions = ReconstructOptions()
 
@@ -50,7 +51,7 @@ def loaded(options: BatchOptions) -> tuple[Tokenizer, Format, PieceEncoder]:
     """The tokenizer, format and encoder of ``options``, loaded once per process."""
     if options not in _LOADED:
         tok = load_tokenizer(options.tokenizer_dir)
-        _LOADED[options] = (tok, get_format(options.format_name, tok, options.tool_declaration),
+        _LOADED[options] = (tok, record_format(options.format_name, tok, options.tool_declaration),
                             PieceEncoder(tok, packed=True))  # rows go straight to Arrow: IDs stay packed
     return _LOADED[options]
 

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from kimi_eagle import io as kit_io
+from kimi_eagle.chat.by_model import record_format
 from kimi_eagle.chat.completion import CompletionOptions
 from kimi_eagle.chat.encoder import PieceEncoder
-from kimi_eagle.chat.formats import FORMATS, Format, get_format
+from kimi_eagle.chat.formats import RECORD_FORMATS, Format
 from kimi_eagle.io import UTF8_BOM, LongLine, atomic_path, check_encoding, iter_raw_lines, write_json
 from kimi_eagle.reconstruct.columns import columnar_table
 from kimi_eagle.reconstruct.record import ReconstructOptions, error_row, reconstruct_line
@@ -57,6 +58,8 @@ def _schema():
         ("serving", pa.string()),  # the serving profile of the row (--serving; null for an error row)
         ("serving_variant", pa.string()),  # the provider table's variant of its prompt (null: none applied)
         ("count_conventions", pa.list_(pa.string())),  # the table's completion count conventions (billing reads)
+        ("billed_prompt_tokens", pa.int64()),  # usage.prompt_tokens as a count (null: absent or not a count)
+        ("prompt_count_offset", pa.int64()),  # the table variant's prompt count offsets (null: no variant rendered it)
     ])
 
 
@@ -451,7 +454,7 @@ _W: dict[str, Any] = {}  # per-process worker state: tokenizer, its encoder, for
 def _init_worker(tokenizer_dir: str, format_name: str, tool_declaration: str, options: CompletionOptions,
                  tok: Any = None) -> None:
     tok = tok or load_tokenizer(tokenizer_dir)
-    _W.update(tok=tok, encoder=PieceEncoder(tok, packed=True), fmt=get_format(format_name, tok, tool_declaration),
+    _W.update(tok=tok, encoder=PieceEncoder(tok, packed=True), fmt=record_format(format_name, tok, tool_declaration),
               options=options, run=None)
 
 
@@ -502,7 +505,8 @@ def _manifest(in_path: Path, digest: str, tokenizer_dir: str, format_name: str, 
     """What a resumed run must share with the run it resumes: input (path, size, xxh3-128 hash) and settings."""
     return {"input": str(in_path.resolve()), "size": in_path.stat().st_size, "xxh3_128": digest,
             "tokenizer": str(Path(tokenizer_dir).resolve()), "format": format_name,
-            "tool_declaration": job.tool_declaration, "options": asdict(job.completion), "shard_size": job.shard_size}
+            "tool_declaration": job.tool_declaration, "options": asdict(job.completion), "shard_size": job.shard_size,
+            "columns": _schema().names}  # shards of an older row schema are never merged with new ones
 
 
 def _duplicate_rows(info: ShardInfo, first: dict[str, int]) -> set[int]:
@@ -528,7 +532,8 @@ def _mark_rows(table: "Any", dups: set[int], first: dict[str, int]) -> "Any":
         row = rows[k]
         row.update(status="error", error=f"duplicate id {row['id']!r} (first at line {first[row['id']]})", prompt_ids=[],
                    completion_ids=[], n_prompt_tokens=0, n_completion_tokens=0, segments=[], flags=[],
-                   serving=None, serving_variant=None, count_conventions=[])
+                   serving=None, serving_variant=None, count_conventions=[], billed_prompt_tokens=None,
+                   prompt_count_offset=None)
     return pa.Table.from_pylist(rows, schema=table.schema)
 
 
@@ -634,8 +639,8 @@ def check_arguments(in_path: Path, out_path: Path, format_name: str, workers: in
     """Refuse bad arguments before any work: ValueError/FileNotFoundError naming the argument."""
     if not in_path.is_file():
         raise FileNotFoundError(f"input not found: {in_path}")
-    if format_name not in FORMATS:
-        raise ValueError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
+    if format_name not in RECORD_FORMATS:
+        raise ValueError(f"unknown format {format_name!r}; known: {', '.join(RECORD_FORMATS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive integer, not {workers!r}")
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
@@ -735,6 +740,9 @@ def _scan_and_run(in_path: Path, out_path: Path, where: tuple[str, str], job: Jo
         written = json.loads(mpath.read_text())
         if isinstance(written, dict) and "sha256" in written:
             raise ValueError(f"cannot resume {out_path}: {parts} was written by an older kimi-eagle (a SHA-256 manifest); "
+                             "run again without --resume")
+        if isinstance(written, dict) and written.get("columns") != _schema().names:
+            raise ValueError(f"cannot resume {out_path}: {parts} was written with other columns (an older kimi-eagle); "
                              "run again without --resume")
         if written != _manifest(in_path, scan.result()[2], tokenizer_dir, format_name, job):
             raise ValueError(f"cannot resume {out_path}: the input or settings changed since {parts} was written")

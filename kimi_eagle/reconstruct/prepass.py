@@ -18,8 +18,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from kimi_eagle import io as kit_io
+from kimi_eagle.chat.by_model import record_format
 from kimi_eagle.chat.encoder import PieceEncoder
-from kimi_eagle.chat.formats import get_format
 from kimi_eagle.io import LongLine, fast_loads, iter_raw_lines
 from kimi_eagle.reconstruct.log_shapes import as_api_record
 from kimi_eagle.reconstruct.record import ReconstructOptions, reconstruct_record, serving_groups, serving_options
@@ -33,7 +33,7 @@ from kimi_eagle.tokenize.tokenizer import Tokenizer
 def reconstruct_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], dict[str, Any]]:
     """``record -> {name: (prompt count, completion count, dropped_by_server) | None}``: the record reconstructed under each
     candidate profile (``None`` where that profile's server refuses it or the record is bad)."""
-    formats = {name: get_format(format_name, tok, PROFILES[name].tool_declaration) for name in CANDIDATES}
+    formats = {name: record_format(format_name, tok, PROFILES[name].tool_declaration) for name in CANDIDATES}
     encoder = PieceEncoder(tok)
 
     def count(record: dict) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from kimi_eagle.chat.by_model import pick_format
 from kimi_eagle.chat.completion import (
     CONVENTION_FLAGS,
     SPAN_FIELDS,
@@ -47,6 +48,7 @@ from kimi_eagle.serving.unserve import unserve_turn
 from kimi_eagle.serving.variants import (
     COUNT_DIMENSIONS,
     Variant,
+    history_calls,
     served_text_turn,
     template_format,
     variant_prompt_pieces,
@@ -134,6 +136,8 @@ class ReconstructedRow:
     serving: str | None = None  # the serving profile the row was reconstructed with (kimi_eagle.serving.request)
     serving_variant: str | None = None  # the provider table's variant the prompt was rendered with (None: none)
     count_conventions: list[str] = field(default_factory=list)  # the table's completion count conventions (billing)
+    billed_prompt_tokens: int | None = None  # usage.prompt_tokens
+    prompt_count_offset: int | None = None  # the table variant's prompt count offsets (None: no variant rendered it)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a dict (shallow: the ID lists are shared, not copied)."""
@@ -421,14 +425,13 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
     if tools is not None and not isinstance(tools, list):
         raise RecordError("request.tools is not a list")
     turn = parse_turn(response)
+    fmt, format_flags = pick_format(fmt, record)  # --format auto: the record's own model's format
     request, messages, options, fmt, entry = _served(record, messages, tools, options, fmt, (provider, dataset))
     variant = entry.variant if entry is not None else None
     options, turn, unserved = _unserved(record, options, turn, fmt)
-    enc = encoder if encoder is not None else PieceEncoder(tok)
-    if enc.tok is not tok:
-        raise ValueError("the encoder belongs to another tokenizer")
+    enc = _encoder(encoder, tok)
     flags = (reasoning_details_flags(response["choices"][0]["message"]) + answer_flags(response, turn) + unserved
-             + _table_flags(entry))
+             + _table_flags(entry) + format_flags)
     prompt_ids, prompt_marker = _encode_prompt(request, messages, fmt, enc, getattr(options, "serving", None), variant)
     flags += _prompt_flags(prompt_marker, fmt, request)
     segments, seg_flags = fmt.completion_segments(turn, messages, options)
@@ -459,15 +462,36 @@ def reconstruct_record(record: Any, tok: Tokenizer, fmt: Format, options: Comple
         provider=provider if isinstance(provider, str) else None, usage_error=usage_problem(response),
         serving=getattr(options, "serving", PROFILES["template"]).name,
         serving_variant=variant.describe() if variant is not None else None,
-        count_conventions=_count_conventions(entry))
+        count_conventions=_count_conventions(entry), prompt_count_offset=prompt_count_offset(variant, record["request"]))
+
+
+def _encoder(encoder: PieceEncoder | None, tok: Tokenizer) -> PieceEncoder:
+    """``encoder``, or a fresh one of ``tok``; ValueError when ``encoder`` belongs to another tokenizer."""
+    enc = encoder if encoder is not None else PieceEncoder(tok)
+    if enc.tok is not tok:
+        raise ValueError("the encoder belongs to another tokenizer")
+    return enc
 
 
 def _billed_counts(response: dict) -> dict[str, int | None]:
-    """``usage.completion_tokens`` and ``usage.completion_tokens_details.reasoning_tokens`` as counts (None if not)."""
+    """``usage.completion_tokens``, ``usage.completion_tokens_details.reasoning_tokens`` and ``usage.prompt_tokens``
+    as counts (None if not: a bool, a negative, a float or a string is never coerced)."""
     usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     details = usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
     return {"billed_completion_tokens": _opt_int(usage.get("completion_tokens")),
-            "billed_reasoning_tokens": _opt_int(details.get("reasoning_tokens"))}
+            "billed_reasoning_tokens": _opt_int(details.get("reasoning_tokens")),
+            "billed_prompt_tokens": _opt_int(usage.get("prompt_tokens"))}
+
+
+def prompt_count_offset(variant: Variant | None, request: dict) -> int | None:
+    """What the provider table's ``variant`` that rendered a prompt adds to its count (count conventions, not tokens
+    in ``prompt_ids``; the sum :meth:`~kimi_eagle.serving.calibration.VariantCounts.prompt` adds): ``prompt_offset``,
+    ``history_call_offset`` per earlier tool call in ``request``'s messages, ``tool_turn_offset`` when it declares
+    tools. None when no table variant rendered the prompt."""
+    if variant is None:
+        return None
+    return (variant.prompt_offset + variant.history_call_offset * history_calls(request.get("messages"))
+            + (variant.tool_turn_offset if request.get("tools") else 0))
 
 
 def error_row(rid: str, error: str, fmt_name: str, record: Any = None) -> ReconstructedRow:

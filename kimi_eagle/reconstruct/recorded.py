@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kimi_eagle.assets import data_path
+from kimi_eagle.chat.by_model import MODEL_FORMATS, format_of_model
 from kimi_eagle.chat.encoder import PieceEncoder
 from kimi_eagle.chat.formats import get_format
 from kimi_eagle.io import read_jsonl
@@ -44,15 +45,6 @@ CORPORA = {DATASET: RECORDED, AGENT_DATASET: AGENT_TRACES}  # dataset -> file un
 AGENT_LEARN_TESTS = ("simple_test", "read_a_file", "update_a_file", "download_tool")
 AGENT_SCORE_TESTS = ("bash_tool", "fetch_tool", "glob_tool")
 API_FORMATS = ("openai-chat-completions", "bedrock-converse")
-# model name (without a "vendor/" or Bedrock "moonshot." prefix) -> the kit's chat format
-MODEL_FORMATS = {
-    "kimi-k2-0905": "kimi-k2-instruct",
-    "kimi-k2-instruct-0905": "kimi-k2-instruct",
-    "kimi-k2-thinking": "kimi-k2-thinking",
-    "kimi-k2.5": "kimi-k2.5",
-    "kimi-k2.5-0127": "kimi-k2.5",
-    "kimi-k2.6": "kimi-k2.5",  # an assumption: the assets hold no K2.6 template; K2.6 answers in K2.5's format
-}
 PROFILES = ("template", "moonshot")
 
 
@@ -84,11 +76,8 @@ class Exchange:
 
 
 def chat_format(model: Any) -> str | None:
-    """The chat format of a model name (:data:`MODEL_FORMATS`), None when it is not known."""
-    if not isinstance(model, str):
-        return None
-    name = model.rpartition("/")[2]
-    return MODEL_FORMATS.get(name.removeprefix("moonshot."))
+    """The chat format of a model name (:data:`~kimi_eagle.chat.by_model.MODEL_FORMATS`), None when it is not known."""
+    return format_of_model(model)
 
 
 def recorded_path(explicit: str | os.PathLike | None = None, dataset: str = DATASET) -> Path:

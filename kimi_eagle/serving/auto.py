@@ -28,8 +28,8 @@ import heapq
 import os
 from typing import Any, Callable, Iterable
 
+from kimi_eagle.chat.by_model import AUTO, format_name_for, pick_format, record_format
 from kimi_eagle.chat.encoder import PieceEncoder
-from kimi_eagle.chat.formats import get_format
 from kimi_eagle.chat.messages import normalise_messages
 from kimi_eagle.records import RecordError, count_field
 from kimi_eagle.serving.periods import scope
@@ -73,6 +73,7 @@ def prompt_counts(record: dict, encoders: dict[str, tuple[Any, PieceEncoder]]) -
     request = record.get("request") if isinstance(record, dict) else None
     out: dict[str, int | None] = {}
     for name, (fmt, enc) in encoders.items():
+        fmt = pick_format(fmt, record)[0]  # --format auto: the record's model's format
         try:
             messages = normalise_messages(request.get("messages"))
             messages, tools = preprocess_request(messages, request.get("tools"), PROFILES[name])
@@ -198,7 +199,7 @@ def completion_agrees(count: int, dropped: bool, billed: int) -> bool:
 def prompt_only_counter(tok: Tokenizer, format_name: str) -> Callable[[dict], dict[str, Any]]:
     """``record -> {name: (prompt count, None, False) | None}``: the prompt under each candidate (no completion
     evidence)."""
-    encoders = {name: (get_format(format_name, tok, PROFILES[name].tool_declaration), PieceEncoder(tok))
+    encoders = {name: (record_format(format_name, tok, PROFILES[name].tool_declaration), PieceEncoder(tok))
                 for name in CANDIDATES}
 
     def count(record: dict) -> dict[str, Any]:
@@ -255,7 +256,7 @@ def choose_profiles(records: Iterable[Any], tok: Tokenizer, format_name: str = "
     ``counter``: ``record -> {name: (prompt count, completion count, dropped_by_server) | None}`` (default: prompts only,
     :func:`prompt_only_counter`; kimi_eagle.reconstruct.prepass counts completions too). A format the
     profiles do not change (not a ``kimi-*`` format) gives every group ``template`` without counting."""
-    applies = format_name.startswith("kimi-")
+    applies = format_name.startswith("kimi-") or format_name == AUTO  # auto picks a Kimi format per record
     counter = counter or (prompt_only_counter(tok, format_name) if applies else None)
     out = []
     for (provider, dataset), (seen, sample) in sample_groups(records, per_group).items():
@@ -329,7 +330,8 @@ def _entry_use(entry: Any, provider: str, format_name: str, template_format: Any
     if entry is None:
         return {"provider": provider, "model": "", "period": "", "status": "none", "variant": None, "records": 0,
                 "applied": False, "figures": {}, "residuals": {}}
-    applies = entry_applies(entry) and template_format(entry.variant.template, format_name) is not None
+    applies = (entry_applies(entry)
+               and template_format(entry.variant.template, format_name_for(format_name, entry.model)) is not None)
     return {"provider": entry.provider, "model": entry.model, "period": scope(entry.period, entry.deployment),
             "status": entry.status,
             "variant": entry.variant.describe(), "records": 0, "applied": applies, "table_records": entry.records,

@@ -544,11 +544,14 @@ def row_for(rows: list[dict], record: dict) -> dict | None:
     its fingerprint family (else ``any``)."""
     provider, model = group_key(record)
     mine = [r for r in rows if r["provider"] == provider and r["model"] == model]
+    day = day_of(record)
+    mine = [r for r in mine if day != "undated" and in_period(day, r["period"])] or mine
+    if mine:  # the period first (the record's day's, else the latest), then its fingerprint family within it
+        latest = max(period_end(r["period"]) for r in mine)
+        mine = [r for r in mine if period_end(r["period"]) == latest]
     family = deployment_of(record)
     mine = [r for r in mine if r.get("deployment", "any") == family] or [r for r in mine if r.get("deployment", "any") == "any"] or mine
-    day = day_of(record)
-    dated = [r for r in mine if day != "undated" and in_period(day, r["period"])]
-    return (dated or sorted(mine, key=lambda r: period_end(r["period"]))[-1:] or [None])[0]
+    return mine[0] if mine else None
 
 
 def residuals(counts: VariantCounts, rows: list[dict], records: Iterable[dict]) -> list[dict]:

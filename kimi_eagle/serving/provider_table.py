@@ -226,13 +226,14 @@ def table_entry(provider: str, model: str, month: str | None = None,
     (``YYYY-MM-DD`` or ``YYYY-MM``), or else its latest period, for ``deployment`` (a fingerprint family: its own entry first, then
     one for ``any``); None when the table has none (explained or not)."""
     entries = [e for e in _shipped(str(path or TABLE_PATH)) if e.provider == provider and _same_model(e.model, model)]
-    if deployment is not None and any(e.deployment != "any" for e in entries):
-        entries = [e for e in entries if e.deployment == deployment] or [e for e in entries if e.deployment == "any"]
     if month is not None:
         entries = [e for e in entries if in_period(month, e.period)] or entries
-    if not entries:
-        return None
-    return max(entries, key=lambda e: period_end(e.period))
+    if entries:  # the period first (the month's, else the latest), then the deployment within it
+        latest = max(period_end(e.period) for e in entries)
+        entries = [e for e in entries if period_end(e.period) == latest]
+    if deployment is not None and any(e.deployment != "any" for e in entries):
+        entries = [e for e in entries if e.deployment == deployment] or [e for e in entries if e.deployment == "any"]
+    return entries[0] if entries else None
 
 
 def calibrated_profile(provider: str, model: str, month: str | None = None,
@@ -241,8 +242,8 @@ def calibrated_profile(provider: str, model: str, month: str | None = None,
     None when the table has no entry, or the entry is ``unexplained`` or ``thin`` (never a silent pick; ``--serving
     auto`` renders a thin entry's records, flagged ``provider_table_thin``: :func:`table_entry` gives it).
 
-    >>> calibrated_profile("BaseTen", "moonshotai/kimi-k2-0905")
-    ('template', {'template': 'k2-0905', 'schema': 'vllm', 'role_newline': 'system'})
+    >>> calibrated_profile("Parasail", "moonshotai/kimi-k2-0905")
+    ('template', {'tools': 'json-compact', 'schema': 'sglang', 'history_ids': 'verbatim', 'history_args': 'spaced'})
     >>> calibrated_profile("DeepInfra", "moonshotai/kimi-k2-0905") is None  # unexplained: nothing is picked
     True
     """

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from kimi_eagle.apps.cli import add_main_input, add_option
-from kimi_eagle.apps.reports.billing_report import DATA_LABELS, write_billing
+from kimi_eagle.apps.reports.billing_report import DATA_LABELS, prompt_parity_line, write_billing
 from kimi_eagle.apps.reports.outputs import add_figure_options, refuse_other_report, use_figure_options
 from kimi_eagle.apps.reports.toolkit import number
 from kimi_eagle.data_kinds import REAL, SIMULATED, TOY, model_kind, settle
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     gap = "n/a" if a["gap_pct"] is None else f"{number(a['gap_pct'], '+.3f')}% " + (
         f"(95% CI {number(a['gap_pct_lo'], '+.3f')} … {number(a['gap_pct_hi'], '+.3f')})" if a["gap_pct_lo"] is not None else "(n too small for a CI)")
     print(f"billing-only evidence: {summary['n_records']} records {summary['verdict_class']}; gap {gap} of "
-          f"{a['billed_tokens']:,} billed tokens -> {Path(args.out) / 'report.html'}")
+          f"{a['billed_tokens']:,} billed tokens; {prompt_parity_line(summary.get('prompt_parity'))} -> "
+          f"{Path(args.out) / 'report.html'}")
     if acc := summary.get("accuracy"):
         print(f"against the labels ({labels_path}): {acc['explained']} explained verdicts, {acc['wrong_cause']} naming "
               f"a wrong cause, {acc['ambiguous']} ambiguous; {acc['unseen_effects']} labelled effects billing cannot see")

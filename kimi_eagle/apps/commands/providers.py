@@ -8,8 +8,10 @@ period, and prints the table: the variant chosen, its status (explained, thin or
 evidence rule), prompt and completion parity in sample and held out, the residual of what nothing explains (listed
 first), every record accounted for (calibrated, or refused with its reason), and the residual distributions by
 provider and request size. The agent traces are also scored out of sample: learned on some of the agent's tests,
-scored on the others. ``-o/--write-table PATH`` writes the table as the TOML data file ``--serving auto`` reads
-(kimi_eagle/data/providers.toml is this command's output on ``--recorded``: the toy-tool exchanges' entries).
+scored on the others. With both corpora (the default) they are also calibrated together: a provider's server renders
+toy and real tools alike on a given day, so each period rests on both; that is the table ``-o/--write-table PATH``
+writes as the TOML data file ``--serving auto`` reads (kimi_eagle/data/providers.toml is this command's output on
+``--recorded``), scored out of sample on the agent's scored tests (learned on every other record).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recorded", action="store_true",
                    help="calibrate on the assets' recorded real exchanges (assets/data/real_api) instead of LOG")
     p.add_argument("--corpus", choices=("all", "real_api", "agent_traces"), default="all",
-                   help="with --recorded: which corpus (default: both, reported separately; the table written is "
-                        "real_api's when it is calibrated)")
+                   help="with --recorded: which corpus (default all: each reported on its own, then both calibrated "
+                        "together: the table written, kimi_eagle/data/providers.toml)")
     add_option(p, "-o", "--output", "--write-table", dest="write_table", default=None,
                help="write the provider table (TOML) to this path (kimi_eagle/data/providers.toml format)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the Kimi tokenizer in the assets)")
@@ -117,17 +119,50 @@ def calibrate_corpus(name: str, records: list[dict], counts, split=None, score_s
     return rows, "\n".join(lines)
 
 
+def _recorded(args: argparse.Namespace, counts) -> list[tuple[str, list[dict]]]:
+    """``--recorded``: each corpus calibrated and printed on its own; with ``--corpus all`` also both together (the
+    table written), the agent's scored tests out of sample of it. ``[(source, rows)]``, the table to write first."""
+    from kimi_eagle.reconstruct.recorded import AGENT_DATASET, CORPORA, corpus_records
+
+    tables: list[tuple[str, list[dict]]] = []
+    corpora = {}
+    for dataset in CORPORA if args.corpus == "all" else (args.corpus,):
+        exchanges, records = corpus_records(dataset)
+        scored = _agent_scored(exchanges, records) if dataset == AGENT_DATASET else None
+        corpora[dataset] = (records, scored)
+        rows, text = calibrate_corpus(f"{dataset} ({CORPORA[dataset]})", records, counts, scored, scored)
+        print(_safe(text) + "\n")
+        tables.append((f"the recorded exchanges (assets/data/{CORPORA[dataset]})", rows))
+    if len(corpora) > 1:  # the shipped table: every recorded exchange, toy tools and the agent's real ones
+        rows, text = calibrate_both(corpora, counts)
+        print(_safe(text) + "\n")
+        tables.insert(0, ("both recorded corpora (assets/data/" + " and ".join(CORPORA.values()) + ")", rows))
+    return tables
+
+
+def _agent_scored(exchanges, records):
+    """record -> whether it is of one of the agent's scored tests (the others are learned on)."""
+    from kimi_eagle.reconstruct.recorded import AGENT_SCORE_TESTS, source_test
+
+    tests = {r["id"]: source_test(ex) for ex, r in zip(exchanges, records)}
+    return lambda r: tests.get(r["id"]) in AGENT_SCORE_TESTS
+
+
+def calibrate_both(corpora: dict, counts) -> tuple[list[dict], str]:
+    """Both corpora calibrated together (``corpora``: dataset -> (records, scored or None)), scored out of sample
+    on the agent's scored tests (learned on every other record of both)."""
+    from kimi_eagle.reconstruct.recorded import CORPORA
+
+    records = [r for rs, _ in corpora.values() for r in rs]
+    tests = [scored for _, scored in corpora.values() if scored is not None]
+    scored = (lambda r: any(t(r) for t in tests))
+    name = "both corpora (" + " + ".join(CORPORA[d] for d in corpora) + "): the shipped table"
+    return calibrate_corpus(name, records, counts, None, scored)
+
+
 def run(args: argparse.Namespace) -> int:
     from kimi_eagle.assets import kimi_dir
     from kimi_eagle.reconstruct.record import rebuild_under
-    from kimi_eagle.reconstruct.recorded import (
-        AGENT_DATASET,
-        AGENT_SCORE_TESTS,
-        CORPORA,
-        DATASET,
-        corpus_records,
-        source_test,
-    )
     from kimi_eagle.serving.calibration import VariantCounts
     from kimi_eagle.serving.provider_table import write_table
     from kimi_eagle.tokenize.tokenizer import load_tokenizer
@@ -137,18 +172,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     tok = load_tokenizer(args.tokenizer or kimi_dir())
     counts = VariantCounts(tok, rebuild_under)
-    tables: list[tuple[str, list[dict]]] = []
     if args.recorded:
-        for dataset in CORPORA if args.corpus == "all" else (args.corpus,):
-            exchanges, records = corpus_records(dataset)
-            scored = None
-            if dataset == AGENT_DATASET:
-                tests = {r["id"]: source_test(ex) for ex, r in zip(exchanges, records)}
-                scored = (lambda r, t=tests: t.get(r["id"]) in AGENT_SCORE_TESTS)
-            rows, text = calibrate_corpus(f"{dataset} ({CORPORA[dataset]})", records, counts, scored, scored)
-            print(_safe(text) + "\n")
-            tables.append((f"the recorded exchanges (assets/data/{CORPORA[dataset]})", rows))
-        tables.sort(key=lambda t: DATASET not in t[0])
+        tables = _recorded(args, counts)
     else:
         records, left_out = _log_records(args.log)
         for reason in left_out[:20]:
@@ -160,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         if left_out:
             print(f"{len(left_out)} record(s) left out (not an API record, no request, usage that is not counts, or no "
                   "known chat format)")
-        tables.append((args.log, rows))
+        tables = [(args.log, rows)]
     if args.write_table:
         source, rows = tables[0]
         print(_safe(f"provider table -> {write_table(rows, args.write_table, source)}"))

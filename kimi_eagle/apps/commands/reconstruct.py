@@ -9,7 +9,7 @@ from typing import Any
 from kimi_eagle.apps.cli import POSITIVE_INT, add_option, serving_argument
 from kimi_eagle.assets import kimi_dir
 from kimi_eagle.chat.completion import TOOL_ID_POLICIES
-from kimi_eagle.chat.formats import FORMATS, TOOL_DECLARATIONS
+from kimi_eagle.chat.formats import RECORD_FORMATS, TOOL_DECLARATIONS
 from kimi_eagle.io import check_jsonl
 from kimi_eagle.reconstruct.job import JobOptions, NothingToProcess, reconstruct_file
 from kimi_eagle.reconstruct.record import serving_options
@@ -23,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="output parquet")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer directory (Kimi or HF; default: the Kimi tokenizer in the assets)")
-    p.add_argument("--format", default="kimi-k2.5", choices=FORMATS, help="chat format (default kimi-k2.5)")
+    p.add_argument("--format", default="auto", choices=RECORD_FORMATS,
+                   help="chat format (default auto: each record's from the model it names, kimi-k2-0905 -> "
+                        "kimi-k2-instruct, kimi-k2.5 -> kimi-k2.5, ...; kimi-k2.5 for a model not known, flag "
+                        "format_assumed)")
     add_option(p, "--serving", type=serving_argument("auto"), metavar="PROFILE|PATH.toml|auto", default=None,
                help="what the provider's server did around the template (docs/reconstruct.md, 'Serving profiles'): "
                     "template (the jinja alone), moonshot (Moonshot's tokenizer: sorted TS tools), vllm, sglang "

@@ -58,7 +58,15 @@ from kimi_eagle.apps.reports.toolkit import (
     serving_evidence_html,
     title,
 )
-from kimi_eagle.diff.billing import BILLING_SCHEMA, VERDICTS, provider_conventions, reconcile_rows, verdict_class
+from kimi_eagle.diff.billing import (
+    BILLING_SCHEMA,
+    PROMPT_NOT_RECORDED,
+    PROMPT_VERDICTS,
+    VERDICTS,
+    provider_conventions,
+    reconcile_rows,
+    verdict_class,
+)
 from kimi_eagle.diff.billing_accuracy import billing_accuracy
 from kimi_eagle.diff.summary import MAX_NOTES, error_reason, left_out_note, wilson
 from kimi_eagle.io import atomic_path, write_json, write_text
@@ -134,8 +142,42 @@ def _convention(choice: str, votes: dict[str, int]) -> str:
     return f"{choice} ({votes.get(choice, 0)}/{n} records that can tell)" if n else "unknown (no record can tell)"
 
 
-def summarize_billing(records: pd.DataFrame, data: str = "real") -> dict[str, Any]:
-    """Everything ``summary.json`` holds; ``data`` says whether the responses are ``real`` or ``simulated``."""
+def prompt_counts(records: pd.DataFrame) -> dict[str, Any]:
+    """Records per prompt verdict (:data:`~kimi_eagle.diff.billing.PROMPT_VERDICTS`), ``compared`` (a reconstructed
+    and a billed count: equal, equal_by_table or differs), ``equal_total`` (equal + equal_by_table) and
+    ``equal_rate`` = equal_total / compared with its Wilson 95% interval (None when nothing was compared)."""
+    verdicts = records["prompt_verdict"] if "prompt_verdict" in records else pd.Series([], dtype=object)
+    counts = {k: int((verdicts == k).sum()) for k in PROMPT_VERDICTS}
+    compared = counts["equal"] + counts["equal_by_table"] + counts["differs"]
+    total = counts["equal"] + counts["equal_by_table"]
+    lo, hi = wilson(total, compared) if compared else (None, None)
+    return {**counts, "compared": compared, "equal_total": total,
+            "equal_rate": total / compared if compared else None, "equal_rate_lo": lo, "equal_rate_hi": hi}
+
+
+def prompt_parity(records: pd.DataFrame, recorded: bool = True) -> dict[str, Any]:
+    """The ``prompt_parity`` block: :func:`prompt_counts` of every record and per provider (one with only error rows,
+    which have no prompt verdict, is left out); ``recorded`` False (the reconstruction has no ``billed_prompt_tokens``
+    column) adds a ``note`` saying so (every prompt is then ``not_billed``)."""
+    judged = records[records["prompt_verdict"].notna()] if "prompt_verdict" in records else records.iloc[:0]
+    by_provider = {str(name): prompt_counts(g) for name, g in judged.groupby("provider", sort=True)} if len(judged) else {}
+    return {"recorded": recorded, **({} if recorded else {"note": PROMPT_NOT_RECORDED}), **prompt_counts(records),
+            "by_provider": by_provider}
+
+
+def prompt_parity_line(parity: dict[str, Any] | None) -> str:
+    """``prompts equal N/M`` for the terminal (N: equal_total; how many by the table's offsets, when any)."""
+    if not parity:
+        return "prompts equal: not compared"
+    if not parity["recorded"]:
+        return "prompts equal: billed prompt count not recorded"
+    by_table = f" ({parity['equal_by_table']:,} by the provider table's count offsets)" if parity["equal_by_table"] else ""
+    return f"prompts equal {parity['equal_total']:,}/{parity['compared']:,}{by_table}"
+
+
+def summarize_billing(records: pd.DataFrame, data: str = "real", prompt_recorded: bool = True) -> dict[str, Any]:
+    """Everything ``summary.json`` holds; ``data`` says whether the responses are ``real`` or ``simulated``;
+    ``prompt_recorded``: whether the reconstruction has the billed prompt count (:func:`prompt_parity`)."""
     cls = records["verdict"].map(verdict_class)
     conventions = records["conventions"].map(lambda c: list(c) if c is not None else [])
     by_provider, by_dataset = group_table(records, "provider"), group_table(records, "dataset")
@@ -153,6 +195,7 @@ def summarize_billing(records: pd.DataFrame, data: str = "real") -> dict[str, An
         "by_provider": by_provider.replace({np.nan: None}).to_dict("records"),
         "by_dataset": by_dataset.replace({np.nan: None}).to_dict("records"),
         "worst": worst_records(records).to_dict("records"),
+        "prompt_parity": prompt_parity(records, prompt_recorded),
     }
 
 
@@ -207,7 +250,8 @@ def metrics(summary: dict[str, Any]) -> dict[str, Any]:
             "billing_unexplained_rate_ci": [a["unexplained_lo"], a["unexplained_hi"]],
             **({f"billing_accuracy_{k}": summary["accuracy"][k] for k in ("n_labelled", "explained", "wrong_cause",
                                                                         "ambiguous", "unseen_effects")}
-               if summary.get("accuracy") else {})}
+               if summary.get("accuracy") else {}),
+            **({"prompt_parity": summary["prompt_parity"]} if "prompt_parity" in summary else {})}
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,6 +487,34 @@ def _providers_html(summary: dict[str, Any], image: Image) -> list[str]:
             image("billing_gap_by_provider", "gap per provider"), image("billing_verdicts_by_provider", "verdicts per provider")]
 
 
+PARITY_HEADERS = {"equal": "equal", "equal_by_table": "equal by the table's offsets", "differs": "differs",
+                  "not_billed": "not billed", "compared": "compared"}
+PARITY_RATE_HEADER = "equal (incl. by the table's offsets) of compared [Wilson 95% CI]"
+
+
+def prompt_parity_table(parity: dict[str, Any]) -> pd.DataFrame:
+    """Per provider and ``all``: records per prompt verdict and the equal share as ``k/n (share) [CI]``."""
+    groups = [*parity["by_provider"].items(), ("all", parity)]
+    return pd.DataFrame([{"provider": name, **{h: c[k] for k, h in PARITY_HEADERS.items()},
+                          PARITY_RATE_HEADER: f"{c['equal_total']}/{c['compared']} ({_share(c['equal_rate'])}) "
+                          f"[{_share(c['equal_rate_lo'])}, {_share(c['equal_rate_hi'])}]" if c["compared"]
+                          else "0/0 (none compared)"} for name, c in groups])
+
+
+def _prompt_parity_html(summary: dict[str, Any]) -> list[str]:
+    parity = summary.get("prompt_parity")
+    if not parity:
+        return []
+    head = ["<h2>Prompt parity: billed usage.prompt_tokens vs the reconstructed prompt</h2>"]
+    if not parity["recorded"]:
+        return [*head, f"<p class='prompt-parity'>{html.escape(parity['note'])}</p>"]
+    return [*head, "<p>Per record: <i>equal</i> when the billed prompt count is the reconstructed prompt's IDs, "
+            "<i>equal by the table's offsets</i> when it is once the count offsets of the provider table variant that "
+            "rendered the prompt are added (count conventions, not tokens in the IDs), else <i>differs</i>; "
+            "<i>not billed</i>: no usable usage.prompt_tokens. Error rows are not counted.</p>",
+            _table(prompt_parity_table(parity))]
+
+
 def _datasets_html(summary: dict[str, Any], image: Image) -> list[str]:
     return ["<h2>Per dataset</h2>", *_groups_html(summary, "dataset"), image("billing_gap_by_dataset", "gap per dataset")]
 
@@ -550,7 +622,8 @@ def render_html(summary: dict[str, Any], charts: dict[str, Path], segments: dict
     data = summary["data"]
     sections: tuple[tuple[str, Callable[[], list[str]]], ...] = (
         ("headline", lambda: _headline_html(summary)), ("verdicts", lambda: _verdicts_html(summary, image)),
-        ("per provider", lambda: _providers_html(summary, image)), ("per dataset", lambda: _datasets_html(summary, image)),
+        ("per provider", lambda: _providers_html(summary, image)),
+        ("prompt parity", lambda: _prompt_parity_html(summary)), ("per dataset", lambda: _datasets_html(summary, image)),
         ("worst records", lambda: _worst_html(summary)), ("segments", lambda: _segments_html(segments or {})),
         ("accuracy", lambda: _accuracy_html(summary)),
         ("no billing", lambda: _reasons_html(summary)), ("errors", lambda: _errors_html(summary)))
@@ -589,7 +662,7 @@ def write_billing(tok: Tokenizer, recon_rows: list[dict[str, Any]], out_dir: str
     records = name_flags(reconcile_rows(tok, recon_rows))
     with atomic_path(out / "billing_records.parquet") as tmp:
         pq.write_table(pa.Table.from_pandas(records, schema=BILLING_SCHEMA, preserve_index=False), tmp)
-    summary = summarize_billing(records, data)
+    summary = summarize_billing(records, data, any("billed_prompt_tokens" in r for r in recon_rows))
     if labels and (acc := billing_accuracy(records, labels)):
         summary["accuracy"] = acc
     if by_serving := serving_by_provider(recon_rows):  # the reconstruction's `serving` column (issue 23)
