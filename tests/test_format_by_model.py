@@ -24,6 +24,7 @@ from kimi_eagle.reconstruct.recorded import DATASET, corpus_records
     ("moonshot.kimi-k2-thinking", "kimi-k2-thinking"),  # Bedrock's prefix
     ("kimi-k2.5", "kimi-k2.5"),
     ("moonshotai/kimi-k2.5-0127", "kimi-k2.5"),
+    ("tiny-kimi-model", "kimi-k2.5"), ("tiny-kimi", "kimi-k2.5"),  # the kit's own tiny-kimi: the K2.5 format
     ("gpt-4o", None), ("", None), (None, None), (12, None),
 ])
 def test_a_model_name_names_its_format(model, expected):

@@ -8,8 +8,8 @@ below, knowledge as data. A record whose model is missing or not in the table is
 
 >>> format_of_model("moonshotai/kimi-k2-0905"), format_of_model("moonshot.kimi-k2-thinking")
 ('kimi-k2-instruct', 'kimi-k2-thinking')
->>> format_of_model("gpt-4o") is None
-True
+>>> format_of_model("tiny-kimi-demo"), format_of_model("gpt-4o") is None
+('kimi-k2.5', True)
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ MODEL_FORMATS = {
     "kimi-k2.5-0127": "kimi-k2.5",
     "kimi-k2.6": "kimi-k2.5",  # an assumption: the assets hold no K2.6 template; K2.6 answers in K2.5's format
 }
+# a name beginning so -> its format: the kit's own tiny-kimi, trained on the K2.5 format, is served as tiny-kimi-<name>
+MODEL_PREFIX_FORMATS = {"tiny-kimi": "kimi-k2.5"}
 
 
 def format_of_model(model: Any) -> str | None:
@@ -38,8 +40,9 @@ def format_of_model(model: Any) -> str | None:
     is not known."""
     if not isinstance(model, str):
         return None
-    name = model.rpartition("/")[2].lower().partition(":")[0]
-    return MODEL_FORMATS.get(name.removeprefix("moonshot."))
+    name = model.rpartition("/")[2].lower().partition(":")[0].removeprefix("moonshot.")
+    prefixed = [f for prefix, f in MODEL_PREFIX_FORMATS.items() if name.startswith(prefix)]
+    return MODEL_FORMATS.get(name) or (prefixed[0] if prefixed else None)
 
 
 def record_model(record: Any) -> Any:
