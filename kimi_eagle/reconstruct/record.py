@@ -48,7 +48,6 @@ from kimi_eagle.serving.unserve import unserve_turn
 from kimi_eagle.serving.variants import (
     COUNT_DIMENSIONS,
     Variant,
-    history_calls,
     served_text_turn,
     template_format,
     variant_prompt_pieces,
@@ -488,10 +487,7 @@ def prompt_count_offset(variant: Variant | None, request: dict) -> int | None:
     in ``prompt_ids``; the sum :meth:`~kimi_eagle.serving.calibration.VariantCounts.prompt` adds): ``prompt_offset``,
     ``history_call_offset`` per earlier tool call in ``request``'s messages, ``tool_turn_offset`` when it declares
     tools. None when no table variant rendered the prompt."""
-    if variant is None:
-        return None
-    return (variant.prompt_offset + variant.history_call_offset * history_calls(request.get("messages"))
-            + (variant.tool_turn_offset if request.get("tools") else 0))
+    return None if variant is None else variant.prompt_count_offset(request)
 
 
 def error_row(rid: str, error: str, fmt_name: str, record: Any = None) -> ReconstructedRow:

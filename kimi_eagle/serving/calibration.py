@@ -170,8 +170,7 @@ class VariantCounts:
         if rest is None:
             return None
         turn = self.tool_turn(record, v.profile, v.tools, v.schema, v.template, v.json_escape)
-        return (rest + turn + (v.tool_turn_offset if turn else 0) + v.prompt_offset
-                + v.history_call_offset * history_calls(record["request"].get("messages")))
+        return rest + turn + v.prompt_count_offset(record["request"])
 
     def completion_count(self, record: dict, v: Variant) -> int | None:
         got = self.completion(record, v.profile, v.answer_text)

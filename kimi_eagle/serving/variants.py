@@ -232,6 +232,13 @@ class Variant:
         return {f"{name}={getattr(self, name)}": MECHANISMS[(name, getattr(self, name))] for name in OFFSET_DIMENSIONS
                 if getattr(self, name) != 0 and (name, getattr(self, name)) in MECHANISMS}
 
+    def prompt_count_offset(self, request: dict) -> int:
+        """What this variant adds to a prompt's count (count conventions, not tokens): ``prompt_offset``,
+        ``history_call_offset`` per earlier tool call in the request's messages, ``tool_turn_offset`` when it declares
+        tools."""
+        return (self.prompt_offset + self.history_call_offset * history_calls(request.get("messages"))
+                + (self.tool_turn_offset if request.get("tools") else 0))
+
     def describe(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.conventions().items())
         return self.profile + (f" + {extra}" if extra else "")
