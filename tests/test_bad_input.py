@@ -130,7 +130,7 @@ RECONSTRUCT = [
     ("id in the reserved synthetic form", js(api("<line 3>")),
      [(ERR, "<line>", "record id '<line 3>' has the form reserved for unreadable lines")]),
     ("real id that looks like an old synthetic one", js(api("line:2")), [(OK, "line:2", None)]),
-    ("empty message", js(api("empty", None)), [(ERR, "empty", "no reasoning, no content and no tool calls")]),
+    ("empty message (the server dropped the answer)", js(api("empty", None)), [(OK, "empty", None)]),
     ("over-long content", js(api("too-long", "x" * 400_001)), [(ERR, "too-long", "over the 400,000-character limit")]),
     ("converter error record", js({"id": "conv-err", "error": "conversation 7: tool call is not JSON"}),
      [(ERR, "conv-err", "converter: conversation 7")]),

@@ -64,6 +64,15 @@ def test_length_truncation_explains_billed_tokens_missing_from_the_text_but_not_
     assert verdicts(kimi, [cut, extra]) == {"cut": "explained:length_truncation", "extra": "unexplained"}
 
 
+def test_an_empty_answer_billed_above_its_end_of_turn_is_the_answer_the_server_dropped(kimi):
+    dropped = row(kimi, api("dropped", content=""), billed=31)  # Together, 2025-10-27: 32 tokens billed, "" returned
+    nothing = row(kimi, api("nothing", content=""), billed=0)
+    below = row(kimi, api("below", content=""), billed=-1)
+    assert "answer_empty" in dropped["flags"]
+    assert verdicts(kimi, [dropped, nothing, below]) == {"dropped": "explained:answer_dropped", "nothing": "match",
+                                                         "below": "unexplained"}
+
+
 def test_visible_text_alterations_rewritten_tool_ids_stripped_whitespace_replacement_char(kimi):
     call_id = {**TOOL, "id": "call_" + "9f3a" * 6}  # a server-made id, kept as the text shows it
     kept = row(kimi, api("id", tool_calls=[call_id], content=None), billed=-9, options=CompletionOptions(tool_ids="keep"))

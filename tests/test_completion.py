@@ -122,8 +122,18 @@ def test_hf_continuation_encode_has_no_dummy_prefix(stories):
         assert ids_to_bytes(stories, stories.encode(text, continuation=True)) == text.encode()
 
 
+@pytest.mark.parametrize("message", [{}, {"content": ""}, {"content": None, "reasoning": ""}])
+def test_an_empty_answer_is_its_end_of_turn_alone_and_says_the_server_dropped_it(kimi, message):
+    """A server that returns no reasoning, content or tool calls for a billed answer (a real Together record bills 32
+    completion tokens for ``content: ""``) loses what the model generated: the prompt is still exact, the completion
+    is what the format closes an answer with, and the row says the answer is missing."""
+    k2 = reconstruct_record(api_record(message), kimi, get_format("kimi-k2-instruct"))
+    assert ids_to_bytes(kimi, k2.completion_ids) == b"<|im_end|>" and k2.flags == ["answer_empty"]
+    k25 = reconstruct_record(api_record(message), kimi, get_format("kimi-k2.5"))
+    assert ids_to_bytes(kimi, k25.completion_ids) == b"</think><|im_end|>" and "answer_empty" in k25.flags
+
+
 @pytest.mark.parametrize("message,finish,reason", [
-    ({}, "stop", "no reasoning, no content and no tool calls"),
     ({"content": "x"}, "content_filter", "unknown finish_reason"),
     ({"content": "x"}, None, "unknown finish_reason"),
     ({"content": "a\ud800b"}, "stop", "lone surrogate"),

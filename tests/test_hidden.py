@@ -160,20 +160,23 @@ def test_fp8_halves_the_bytes_at_kimi_scale():
 
 
 def test_rows_whose_tool_call_the_server_dropped_are_skipped_by_name(tmp_path):
-    """A ``dropped_by_server`` row's IDs after the last known byte are unknown: never trained on."""
-    from kimi_eagle.eagle3.hidden import DROPPED_BY_SERVER_REASON, load_rows
+    """A ``dropped_by_server`` row's IDs after the last known byte are unknown, an ``answer_empty`` row's answer
+    was never returned: neither is trained on."""
+    from kimi_eagle.eagle3.hidden import ANSWER_EMPTY_REASON, DROPPED_BY_SERVER_REASON, load_rows
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps(r) for r in [
         {"id": "kept", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]},
         {"id": "cut", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "flags": ["dropped_by_server"]},
+        {"id": "empty", "input_ids": [1, 2, 3], "loss_mask": [0, 0, 1], "flags": ["answer_empty"]},
     ]) + "\n")
     kept, skipped = load_rows(rows)
     assert [r.id for r in kept] == ["kept"]
-    assert skipped == [{"index": 1, "id": "cut", "reason": DROPPED_BY_SERVER_REASON}]
+    assert skipped == [{"index": 1, "id": "cut", "reason": DROPPED_BY_SERVER_REASON},
+                       {"index": 2, "id": "empty", "reason": ANSWER_EMPTY_REASON}]
 
 
 def test_export_data_drops_rows_the_server_cut_by_default():
     from kimi_eagle.apps.commands.export_data import DEFAULT_DROP_FLAGS
 
-    assert {"literal_marker", "dropped_by_server"} <= set(DEFAULT_DROP_FLAGS)
+    assert {"literal_marker", "dropped_by_server", "answer_empty"} <= set(DEFAULT_DROP_FLAGS)

@@ -37,7 +37,7 @@ BAD_INPUTS = [  # (JSONL line, expected status, expected error or flag)
     (line({"id": "no-choices", "request": {"messages": []}, "response": {}}), "error", "response has no choices"),
     (line({"id": "no-message", "request": {"messages": []}, "response": {"choices": [{"finish_reason": "stop"}]}}),
      "error", "response.choices[0] has no message"),
-    (line(rec("empty", {"content": None, "reasoning": None})), "error", "no reasoning, no content and no tool calls"),
+    (line(rec("empty", {"content": None, "reasoning": None})), "ok", "answer_empty"),
     (line(rec("bad-args", {"content": None, "tool_calls": [{"id": "c", "type": "function",
                                                            "function": {"name": "f", "arguments": "{oops"}}]}, "tool_calls")),
      "ok", "args_not_json"),
@@ -62,7 +62,7 @@ def test_every_bad_input_is_one_clear_row_and_the_run_goes_on(bad_file, tmp_path
     out = tmp_path / "out.parquet"
     counts = reconstruct_file(bad_file, out, kimi_dir(), "kimi-k2.5", JobOptions(progress=False))
     df = read_rows(out)
-    assert len(df) == len(BAD_INPUTS) and counts == {"ok": 2, "error": len(BAD_INPUTS) - 2}
+    assert len(df) == len(BAD_INPUTS) and counts == {"ok": 3, "error": len(BAD_INPUTS) - 3}
     assert list(df.columns[: len(CONTRACT_COLUMNS)]) == CONTRACT_COLUMNS
     for (_, status, reason), row in zip(BAD_INPUTS, df.itertuples()):
         assert row.status == status, (row.id, row.error)

@@ -72,7 +72,7 @@ VERDICTS = ("match", "explained", "unexplained", "no_billing", "error")
 PROVIDER_CONVENTIONS = ("provider_table", "eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported",
                         "reasoning_count_not_comparable", "systematic_offset")
 SYSTEMATIC_MIN = 3  # a provider whose every record (at least this many) is off by one same count: a systematic gap
-RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "tool_id_rewritten", "whitespace_stripped",
+RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "answer_dropped", "tool_id_rewritten", "whitespace_stripped",
                       "replacement_char", "non_canonical_split", "args_reserialised")  # the fewest that explain win
 SPLIT_EVERY = 1000  # a non-canonical split (the engine sampled a longer segmentation): at most 1 per 1,000 tokens, >= 1
 UNBOUNDED = 1 << 40
@@ -100,6 +100,7 @@ class RecordFacts:
     n_split: int = 0  # how many more tokens ``NAME:IDX`` ids take with each name split as after ``functions.``
     n_content_chars: int = 0  # characters of the content
     n_last_args: int = 0  # tokens of the last tool call's arguments
+    empty: bool = False  # the server returned no reasoning, content or tool calls (the row's ``answer_empty`` flag)
 
 
 def check_segments(segments: Any, n_tokens: int) -> list[Mapping[str, Any]]:
@@ -183,6 +184,7 @@ def record_facts(tok: Tokenizer, row: Mapping[str, Any]) -> RecordFacts:
         length=row.get("finish_reason") == "length" or "truncated" in flags, n_reorderable_args=reorderable,
         n_respaced=respaced, n_split=split, n_content_chars=len(content),
         n_last_args=int(args[-1]["tok_end"]) - int(args[-1]["tok_start"]) if args else 0,
+        empty="answer_empty" in flags,
     )
 
 
@@ -217,6 +219,8 @@ def convention_ranges(name: str, f: RecordFacts, think_end_in_reasoning: bool) -
         return (-f.n_think_end, -f.n_think_end), (r, r)
     if name == "length_truncation" and f.length:  # tokens after the text's end (partial character, unfinished markup)
         return (0, UNBOUNDED), (0, UNBOUNDED)
+    if name == "answer_dropped" and f.empty:  # what the model generated never reached the (empty) message
+        return (1, UNBOUNDED), (0, UNBOUNDED)
     if name == "tool_id_rewritten" and f.tool_id_slack:
         return (-f.tool_id_slack, f.tool_id_slack), (0, 0)
     if name == "whitespace_stripped" and f.n_tool_args:  # whitespace around arguments the API parser stripped
@@ -357,6 +361,8 @@ REASONS = {
                                       "follow the last call by this billed count, so the count agrees by construction",
     "length_truncation": "finish_reason length: tokens after the text's end (a partial character, unfinished markup) "
                          "never reach the text — a non-canonical split looks the same",
+    "answer_dropped": "the server returned an empty message for a billed answer: what the model generated never "
+                      "reached the text (the row is flagged answer_empty)",
     "tool_id_rewritten": "tool-call ids were rewritten, the model's own ids are not in the text",
     "whitespace_stripped": "whitespace around tool arguments stripped by the API's parser",
     "replacement_char": "U+FFFD in the text: a partial character the API replaced",

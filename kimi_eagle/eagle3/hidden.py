@@ -97,6 +97,8 @@ def row_from_obj(obj: Any, index: int) -> Row:
 LITERAL_MARKER_REASON = "flag literal_marker: marker text that may have been special tokens (keep_literal_marker keeps it)"
 DROPPED_BY_SERVER_REASON = ("flag dropped_by_server: the server dropped a cut tool call, so the IDs after the "
                             "last known byte are unknown")
+ANSWER_EMPTY_REASON = ("flag answer_empty: the server returned none of the answer, so the model's completion IDs "
+                       "are unknown")
 
 
 def load_rows(path: str | Path, keep_literal_marker: bool = False,
@@ -105,7 +107,8 @@ def load_rows(path: str | Path, keep_literal_marker: bool = False,
     unusable record is in ``skipped`` as ``{index, id, reason}``. Rows flagged ``literal_marker`` (text
     that spells ``</think>``, ``<|im_end|>`` …, which the model may have emitted as special tokens) are
     skipped unless ``keep_literal_marker``; rows flagged ``dropped_by_server`` (a cut tool call the server
-    dropped: the model's IDs after the last known byte are unknown) are always skipped. ``target``: when that model directory has a ``kimi_ids.json``
+    dropped: the model's IDs after the last known byte are unknown) and ``answer_empty`` (the server returned
+    none of the answer) are always skipped. ``target``: when that model directory has a ``kimi_ids.json``
     row map (tiny-kimi), the rows' Kimi IDs become its rows (:mod:`kimi_eagle.eagle3.row_space`); a row
     with an ID the model has no row for is skipped naming it."""
     id_map = target_id_map(target)
@@ -126,6 +129,8 @@ def load_rows(path: str | Path, keep_literal_marker: bool = False,
                 raise ValueError(LITERAL_MARKER_REASON)
             if "dropped_by_server" in flags:
                 raise ValueError(DROPPED_BY_SERVER_REASON)
+            if "answer_empty" in flags:
+                raise ValueError(ANSWER_EMPTY_REASON)
             row = row_from_obj(obj, index)
             rows.append(row if id_map is None else Row(row.id, model_ids(row.input_ids, id_map), row.loss_mask))
         except (ValueError, TypeError) as e:

@@ -9,7 +9,7 @@ ROW_FLAGS = (
     "no_think_end", "no_reasoning", "reasoning_dropped", "reasoning_not_closed", "tool_ids_auto", "tool_ids_normalise",
     "tool_ids_keep", "tool_id_normalised", "args_not_json", "literal_marker", "prompt_literal_marker",
     "tool_declaration_json_fallback", "lone_surrogate_replaced", "tool_name_mismatch", "api_key_redacted",
-    "usage_error", "format_assumed",
+    "usage_error", "format_assumed", "answer_empty",
     # the parse of IDs as written (kimi_eagle.chat.parse)
     "invalid_utf8", "other_special", "text_after_im_end", "text_after_tool_section", "text_in_tool_section",
     "malformed_tool_call", "tool_id_unparsed", "whitespace_stripped", "dropped_by_server",

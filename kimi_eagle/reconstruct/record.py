@@ -243,8 +243,6 @@ def parse_turn(response: Any) -> Turn:
             check_text(args, f"tool_calls[{k}] arguments")
         cid = call.get("id")
         calls.append(ToolCall(cid if isinstance(cid, str) else None, fn["name"], args))
-    if not reasoning and not text and not calls:
-        raise RecordError("message has no reasoning, no content and no tool calls")
     if reasoning:
         check_text(reasoning, "reasoning")
     if text:
@@ -256,10 +254,12 @@ KIMI_TOOL_ID = re.compile(r"functions\.(.+):\d+")  # the Kimi tool-call id: func
 
 
 def answer_flags(response: dict, turn: Turn) -> list[str]:
-    """What reconstruction cannot keep, said: ``choices_dropped:K`` when an ``n > 1`` answer has K choices after
+    """What reconstruction cannot keep, said: ``answer_empty`` when the message has no reasoning, content or tool
+    calls (the server returned none of what the model generated: the completion is its end of turn alone, and a
+    billed count above that is the text it dropped), ``choices_dropped:K`` when an ``n > 1`` answer has K choices after
     ``choices[0]`` (only the first is reconstructed), ``tool_name_mismatch`` when a call's Kimi id names another
     function than its ``name``."""
-    flags = []
+    flags = [] if turn.reasoning or turn.content or turn.tool_calls else ["answer_empty"]
     if len(response["choices"]) > 1:
         flags.append(f"choices_dropped:{len(response['choices']) - 1}")
     for call in turn.tool_calls:

@@ -23,8 +23,9 @@ def describe_use(use: dict[str, Any]) -> str:
         residual = "; ".join(f"{k} {v}" for k, v in use["residuals"].items() if v != "-")
         if use["applied"]:
             sides = use["unexplained_sides"]
+            what = "for the side it explains" if len(sides) < 2 else "(the best rendering found, for neither side)"
             return (f"{where}: UNEXPLAINED {' and '.join(sides)} in the provider table ({figures}; residual "
-                    f"{residual}) ({n}): rendered with its best variant {use['variant']} for the side it explains, "
+                    f"{residual}) ({n}): rendered with its best variant {use['variant']} {what}, "
                     + ", ".join(f"rows flagged provider_table_{side}_unexplained" for side in sides))
         return (f"{where}: UNEXPLAINED in the provider table ({figures}; residual {residual}) ({n}): "
                 "its group's own evidence decides")
@@ -101,7 +102,8 @@ def _pair(pair: Any) -> str:
 def _use_row(u: dict[str, Any]) -> dict[str, Any]:
     unexplained = u["status"] == "unexplained"
     if unexplained:
-        chosen = f"UNEXPLAINED (best: {u['variant']}): its group's own evidence decides"
+        chosen = (f"UNEXPLAINED (best: {u['variant']}): " + ("rendered with it, rows flagged on the side(s) it leaves "
+                  "unexplained" if u["applied"] else "its group's own evidence decides"))
     else:
         thin = ", THIN: rows flagged provider_table_thin" if u["status"] == "thin" else ""
         chosen = (f"{u['variant']} (provider table{'' if u['applied'] else ': not for this format, its group decides'}"

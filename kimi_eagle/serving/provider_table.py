@@ -274,9 +274,11 @@ def entry_flags(entry: Entry | None) -> list[str]:
 
 def entry_applies(entry: Entry) -> bool:
     """Whether ``reconstruct --serving auto`` renders the entry's records with its variant: the entry is explained,
-    or one side of it is (the other side's rows are flagged ``provider_table_<side>_unexplained``); an entry that
-    explains neither side is left to its group's own evidence."""
-    return entry.status == "explained" or any(side_explained(entry, side) for side in ("prompt", "completion"))
+    or one side of it is, or its variant made some billed count equal in sample (the best rendering calibration
+    found for the period: each side it leaves unexplained is flagged ``provider_table_<side>_unexplained`` on its
+    rows). An entry whose variant made no count equal is left to its group's own evidence."""
+    return (entry.status == "explained" or any(side_explained(entry, side) for side in ("prompt", "completion"))
+            or any(entry.figures[side][0] > 0 for side in ("prompt", "completion")))
 
 
 def unexplained_sides(entry: Entry | None) -> list[str]:

@@ -25,13 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-flag", action="append", default=None, metavar="FLAG",
                    help="drop rows carrying this reconstruction flag (repeatable; default: literal_marker, whose "
                         "marker text cannot say whether the model emitted special tokens, and dropped_by_server, "
-                        "whose IDs after a tool call the server dropped are unknown)")
+                        "whose IDs after a tool call the server dropped are unknown, and answer_empty, whose answer the "
+                        "server returned none of)")
     p.add_argument("--keep-literal-marker", action="store_true",
                    help="keep rows flagged literal_marker (dropped by default)")
     p.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=32000)
 
 
-DEFAULT_DROP_FLAGS = ("literal_marker", "dropped_by_server")
+DEFAULT_DROP_FLAGS = ("literal_marker", "dropped_by_server", "answer_empty")
 MAX_LAYERS = 1024  # decoder layers of a target (Kimi-K2.5 has 61)
 
 
