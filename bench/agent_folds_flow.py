@@ -7,19 +7,20 @@ agent recorded them), ``kimi-eagle reconstruct --provider-table DIR/FOLD.toml`` 
 reads each fold's ``summary.json``: prompts equal to the billed count (strictly, or by the entry's named count
 offsets) and completions by billing's verdict (equal, explained by a named convention, unexplained), and records in
 error. The leave-one-test-out folds are summed (each record is scored once, under a table that never saw its test);
-``fixed-split`` (the split ``providers --recorded`` scores) is printed apart.
+``fixed-split`` (the split ``providers --recorded`` scores) is printed apart. ``python bench/agent_folds_flow.py
+--flow DIR`` prints the same lines for one flow already run (its ``DIR/bill``), e.g. the in-sample one.
 
-Usage: python bench/agent_folds_flow.py DIR
+Usage: python bench/agent_folds_flow.py DIR | --flow DIR
 """
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
-from agent_folds import wilson  # noqa: E402 (bench/ is the script's directory)
+import pyarrow.parquet as pq
+from agent_folds import wilson  # bench/, the script's own directory
 
 from kimi_eagle.assets import data_path
 from kimi_eagle.reconstruct.recorded import AGENT_SCORE_TESTS, AGENT_TRACES
@@ -48,55 +49,58 @@ def kimi(*args: str) -> str:
     return done.stdout
 
 
-def run_fold(table: Path) -> dict:
-    """The flow on one fold's scored tests; its billing summary."""
+def run_fold(table: Path) -> None:
+    """The flow on one fold's scored tests (its outputs in the folder named after the table)."""
     work = table.with_suffix("")
     work.mkdir(exist_ok=True)
     write_log(table.stem, work / "log.jsonl")
     kimi("convert", "--from", "openai-stream", str(work / "log.jsonl"), "-o", str(work / "api.jsonl"))
     kimi("reconstruct", str(work / "api.jsonl"), "-o", str(work / "rec.parquet"), "--provider-table", str(table))
     print(kimi("billing", str(work / "rec.parquet"), "-o", str(work / "bill")).strip().splitlines()[-1], flush=True)
-    return json.loads((work / "bill" / "summary.json").read_text(encoding="utf-8"))
 
 
-def tally(summary: dict) -> Counter:
-    """``(provider, measure) -> count``: prompts equal and compared, completions rated and unexplained, errors."""
-    out = Counter()
-    for provider, p in summary["prompt_parity"]["by_provider"].items():
-        out[(provider, "prompt_equal")] += p["equal_total"]
-        out[(provider, "prompt_compared")] += p["compared"]
-    for p in summary["by_provider"]:
-        if p["provider"] == "all":  # the total row
-            continue
-        for k in ("rated", "unexplained", "error"):
-            out[(p["provider"], k)] += p[k]
-    return out
+def tally(work: Path) -> list[dict]:
+    """One dict per record of the fold's billing: provider, prompt verdict and residual, completion verdict."""
+    rows = pq.read_table(work / "bill" / "billing_records.parquet",
+                         columns=["provider", "prompt_verdict", "prompt_residual", "verdict"]).to_pylist()
+    return [{**r, "verdict": (r["verdict"] or "").partition(":")[0]} for r in rows]
 
 
-def line(t: Counter, provider: str | None = None) -> str:
-    def get(m: str) -> int:
-        return sum(v for (p, k), v in t.items() if k == m and (provider is None or p == provider))
+def line(rows: list[dict]) -> str:
+    """Prompts equal (strictly or by the entry's count offsets), completions unexplained, records in error, the
+    median residual of the prompts that differ: one line, with Wilson 95 % intervals."""
+    compared = [r for r in rows if r["prompt_verdict"] in ("equal", "equal_by_table", "differs")]
+    pe = sum(r["prompt_verdict"] != "differs" for r in compared)
+    rated = [r for r in rows if r["verdict"] in ("match", "explained", "unexplained")]
+    unx, err = sum(r["verdict"] == "unexplained" for r in rated), sum(r["verdict"] == "error" for r in rows)
+    residuals = sorted(r["prompt_residual"] for r in compared if r["prompt_verdict"] == "differs")
+    (plo, phi), (ulo, uhi) = wilson(pe, len(compared)), wilson(unx, len(rated))
+    median = f"{residuals[len(residuals) // 2]:+d}" if residuals else "-"
+    return (f"prompts equal {pe}/{len(compared)} ({100 * pe / max(len(compared), 1):.1f} %, {100 * plo:.1f}-"
+            f"{100 * phi:.1f}; residual of the others median {median}); completions unexplained {unx}/{len(rated)} "
+            f"({100 * unx / max(len(rated), 1):.1f} %, {100 * ulo:.1f}-{100 * uhi:.1f}); records in error {err}")
 
-    pe, pc, rated, unx, err = (get(m) for m in ("prompt_equal", "prompt_compared", "rated", "unexplained", "error"))
-    (plo, phi), (ulo, uhi) = wilson(pe, pc), wilson(unx, rated)
-    return (f"prompts equal {pe}/{pc} ({100 * pe / max(pc, 1):.1f} %, {100 * plo:.1f}-{100 * phi:.1f}); completions "
-            f"unexplained {unx}/{rated} ({100 * unx / max(rated, 1):.1f} %, {100 * ulo:.1f}-{100 * uhi:.1f}); "
-            f"records in error {err}")
+
+def per_provider(rows: list[dict]) -> None:
+    for provider in sorted({r["provider"] for r in rows}):
+        print(f"  {provider}: {line([r for r in rows if r['provider'] == provider])}")
+    print(f"all: {line(rows)}")
 
 
 def main() -> None:
+    if sys.argv[1] == "--flow":
+        return per_provider(tally(Path(sys.argv[2])))
     tables = sorted(Path(sys.argv[1]).glob("*.toml"))
-    total = Counter()
+    total: list[dict] = []
     for table in tables:
-        t = tally(run_fold(table))
-        print(f"{table.stem}: {line(t)}", flush=True)
-        total += t if table.stem != FIXED else Counter()
+        run_fold(table)
+        rows = tally(table.with_suffix(""))
+        print(f"{table.stem}: {line(rows)}", flush=True)
+        total += rows if table.stem != FIXED else []
     if not total:
         return
     print("\nleave one test out, per provider (Wilson 95 % intervals):")
-    for provider in sorted({p for p, _ in total}):
-        print(f"  {provider}: {line(total, provider)}")
-    print(f"all tests: {line(total)}")
+    per_provider(total)
 
 
 if __name__ == "__main__":

@@ -290,6 +290,23 @@ def test_the_provider_tables_count_conventions_predict_the_billed_count(kimi):
         "explained:provider_table"
 
 
+def test_an_entry_that_does_not_explain_completions_counts_only_where_it_predicts_the_count_exactly(kimi):
+    """DeepInfra from 2025-10-29 (its entry: completions 13/20 equal, tool_call_offset=-1): a row flagged
+    ``provider_table_completion_unexplained`` is explained by its entry only on an exact prediction; any other gap
+    is judged by the votes and record conventions, as without a table."""
+    calls = api("calls", provider="D", tool_calls=[TOOL], content=None)
+    weak = ["provider_table_completion_unexplained"]
+
+    def flagged(r):
+        return {**_tabled(r, completion_offset=-1, tool_call_offset=-1), "flags": [*r["flags"], *weak]}
+    rows = [flagged(row(kimi, calls, billed=-2)), flagged(row(kimi, api("eot", provider="D"), billed=-1)),
+            flagged(row(kimi, {**calls, "id": "near"}, billed=-1)), flagged(row(kimi, api("far", provider="D"), billed=-4))]
+    got = reconcile_rows(kimi, rows).set_index("id")
+    assert got.loc["calls", "verdict"] == got.loc["eot", "verdict"] == "explained:provider_table"
+    assert got.loc["near", "verdict"] == "explained:eot_not_counted"  # the entry predicts -2: the votes judge -1
+    assert got.loc["far", "verdict"] == "unexplained" and got.loc["far", "expected_delta"] == -1
+
+
 def test_a_provider_whose_reasoning_counts_follow_no_convention_is_not_compared_on_them(kimi):
     """AtlasCloud's and Avian's K2.5 reasoning_tokens run from -11 to +18 of the text's: an estimate. When most of a
     provider's counts fit no convention, its reasoning count is not compared (and the page says so)."""

@@ -544,6 +544,8 @@ def _judge(row: dict[str, Any], f: RecordFacts, pc: ProviderConventions, usage_e
     base: list[str] = []
     expected = 0
     by_table = None if table is None else table_expected(table, f)
+    if "provider_table_completion_unexplained" in row["flags"] and by_table != row["billing_delta"]:
+        by_table = None  # an entry that does not explain completions counts only where it predicts the count exactly
     if by_table is not None:
         if by_table:
             base.append("provider_table")

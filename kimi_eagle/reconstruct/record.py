@@ -38,7 +38,6 @@ from kimi_eagle.records import RecordError, check_id, count_field, printable_id,
 from kimi_eagle.redact import KEY_FLAG
 from kimi_eagle.serving.profiles import PROFILES, ServingProfile, get_profile
 from kimi_eagle.serving.provider_table import (
-    completion_side_explained,
     entry_applies,
     entry_flags,
     record_entry,
@@ -325,10 +324,11 @@ def _table_entry(record: dict, options: CompletionOptions, fmt: Format) -> Any:
 
 def _count_conventions(entry: Any) -> list[str]:
     """The completion count conventions of the table ``entry`` that rendered a row, every one of
-    :data:`~kimi_eagle.serving.variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``), when
-    its completion side is explained (at least 90 % of its billed completions equal, even where the prompt side is
-    not); ``[]`` otherwise (billing then falls back to its votes)."""
-    if entry is None or not completion_side_explained(entry):
+    :data:`~kimi_eagle.serving.variants.COUNT_DIMENSIONS` as ``name=value`` (``completion_offset=-1``); ``[]``
+    without one. Billing trusts them in place of its votes where the entry explains its completions (at least 90 %
+    equal), and only where they predict the row's count exactly where it does not (the row is then flagged
+    ``provider_table_completion_unexplained``)."""
+    if entry is None:
         return []
     return [f"{k}={getattr(entry.variant, k)}" for k in COUNT_DIMENSIONS]
 

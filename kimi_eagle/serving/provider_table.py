@@ -260,11 +260,6 @@ def side_explained(entry: Entry, side: str) -> bool:
     return compared > 0 and equal >= EXPLAINED * compared
 
 
-def completion_side_explained(entry: Entry) -> bool:
-    """:func:`side_explained` of the completion side: its count conventions can then be trusted on their own."""
-    return side_explained(entry, "completion")
-
-
 def entry_flags(entry: Entry | None) -> list[str]:
     """The flags of a row the table ``entry`` rendered: ``provider_table_<side>_unexplained`` for each side it does
     not explain, ``provider_table_thin`` when it is explained only on thin evidence."""
