@@ -141,7 +141,8 @@ class VariantCounts:
     def completion(self, record: dict, profile_name: str, answer_text: str = "as-served") -> tuple | None:
         """``(n_completion_tokens, reasoning tokens, whether the answer has tool calls, the extra tokens of its
         arguments written spaced, its chars-estimate count, its ids' extra tokens under ``call_header = functions-split``)`` under the profile's answer side after the
-        ``answer_text`` convention (legacy answer sides only), None if it cannot be built."""
+        ``answer_text`` convention (legacy answer sides only), None if it cannot be built or the server returned
+        none of the answer (flag ``answer_empty``: its billed count says nothing of how the provider counts)."""
         key = (record["id"], profile_name, answer_text)
         if key not in self._completion:
             profile = get_profile(profile_name)
@@ -150,6 +151,8 @@ class VariantCounts:
                     raise RecordError("an answer_text convention is for legacy answer sides only")
                 row = self.rebuild(record, profile, answer_text, self._format(record["format"], profile.tool_declaration),
                                    self.enc)
+                if "answer_empty" in row.flags:
+                    raise RecordError("the server returned none of the answer")
                 reasoning = sum(s["tok_end"] - s["tok_start"] for s in row.segments if s["kind"] in REASONING_KINDS)
                 self._completion[key] = (row.n_completion_tokens, reasoning, _has_calls(record), self._respaced(record),
                                          self._estimate(record), split_extra(self.tok, _calls(record)))
