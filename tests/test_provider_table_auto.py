@@ -1,7 +1,8 @@
 """``reconstruct --serving auto`` reads the provider table (issue 34): a record whose provider, model and month have an
 explained entry is rendered with that entry's variant and profile; an unexplained entry is named, with its residual,
-and its records go to their group's own evidence; the evidence of a group is every billed record (or a stated
-uniform sample). The recorded exchanges are read in place from the assets; tests that need them skip without them."""
+and its records are rendered with its best variant and flagged on each side it leaves unexplained, unless that variant
+made no count equal (then they go to their group's own evidence); the evidence of a group is every billed record (or
+a stated uniform sample). The recorded exchanges are read in place from the assets; tests that need them skip without them."""
 import json
 from collections import Counter
 
