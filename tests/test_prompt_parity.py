@@ -58,10 +58,11 @@ def served_by_p(rid, content="Paris is sunny today.", messages=None, tools=None)
     return record
 
 
-def billed(kimi, record, prompt, options=ReconstructOptions(), **extra):
-    """``record`` with ``usage``: its completion billed as reconstructed, its prompt ``prompt(n_prompt_tokens)``."""
+def billed(kimi, record, prompt, options=ReconstructOptions(), completion_extra=0, **extra):
+    """``record`` with ``usage``: its completion billed as reconstructed (+ ``completion_extra``), its prompt
+    ``prompt(n_prompt_tokens)``."""
     first = reconstruct_record(record, kimi, get_format("kimi-k2.5", kimi), options)
-    record["response"]["usage"] = {"completion_tokens": first.n_completion_tokens,
+    record["response"]["usage"] = {"completion_tokens": first.n_completion_tokens + completion_extra,
                                    "prompt_tokens": prompt(first.n_prompt_tokens), **extra}
     return record
 
@@ -159,8 +160,9 @@ def wilson(k, n, z=1.959963984540054):
     return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
 
 
-def recount(rows):
-    """Per provider and in all: prompt verdicts recounted from the reconstruction's own columns."""
+def recount(rows, completions=None):
+    """Per provider and in all: prompt verdicts recounted from the reconstruction's own columns; with
+    ``completions`` (id -> billing's completion verdict), ``both_differ`` too."""
     counts: dict[str, Counter] = {}
     seen = set()
     for r in rows:
@@ -170,9 +172,15 @@ def recount(rows):
         n, b, o = r["n_prompt_tokens"], r["billed_prompt_tokens"], r["prompt_count_offset"]
         verdict = "not_billed" if b is None else "equal" if b == n else \
             "equal_by_table" if o and b == n + o else "differs"
+        both = completions is not None and verdict == "differs" and completions[r["id"]] == "unexplained"
         for key in (r["provider"] or "(unknown)", "all"):
             counts.setdefault(key, Counter())[verdict] += 1
+            counts[key]["both_differ"] += both if completions is not None else 0
     return counts
+
+
+def completion_verdicts(run):
+    return {r["id"]: r["verdict"] for r in pq.read_table(run / "bill" / "billing_records.parquet").to_pylist()}
 
 
 def expected_block(c):
@@ -180,7 +188,7 @@ def expected_block(c):
     compared = equal + c["differs"]
     lo, hi = wilson(equal, compared)
     return {"equal": c["equal"], "equal_by_table": c["equal_by_table"], "differs": c["differs"],
-            "not_billed": c["not_billed"], "compared": compared, "equal_total": equal,
+            "not_billed": c["not_billed"], "compared": compared, "equal_total": equal, "both_differ": c["both_differ"],
             "equal_rate": equal / compared, "equal_rate_lo": lo, "equal_rate_hi": hi}
 
 
@@ -197,7 +205,8 @@ def billed_run(kimi, tmp_path_factory):
             record = served_by_p(f"{provider}{k}", content=f"{provider} says {k}: sunny.")
             record["response"]["provider"] = provider
             records.append(billed(kimi, record, lambda n, d=d: d if isinstance(d, str) else n + d,
-                                  options if provider == "P" else ReconstructOptions()))
+                                  options if provider == "P" else ReconstructOptions(),
+                                  completion_extra=5 if (provider, k) == ("B", 2) else 0))  # both counts off
     lines = [json.dumps(r) for r in records] + ["not JSON"]
     (tmp / "api.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert main(["reconstruct", str(tmp / "api.jsonl"), "-o", str(tmp / "rec.parquet"), "--no-progress",
@@ -214,7 +223,8 @@ def test_every_verdict_occurs_in_the_planned_records(billed_run):
 
 
 def test_summary_and_metrics_numbers_equal_a_count_recomputed_from_the_parquet(billed_run):
-    counts = recount(pq.read_table(billed_run / "rec.parquet").to_pylist())
+    counts = recount(pq.read_table(billed_run / "rec.parquet").to_pylist(), completion_verdicts(billed_run))
+    assert counts["B"]["both_differ"] == counts["all"]["both_differ"] == 1
     summary = json.loads((billed_run / "bill" / "summary.json").read_text())
     metrics = json.loads((billed_run / "bill" / "metrics.json").read_text())
     for parity in (summary["prompt_parity"], metrics["prompt_parity"]):
@@ -225,12 +235,12 @@ def test_summary_and_metrics_numbers_equal_a_count_recomputed_from_the_parquet(b
         for provider, block in parity["by_provider"].items():
             assert block == pytest.approx(expected_block(counts[provider])), provider
     records = pq.read_table(billed_run / "bill" / "billing_records.parquet").to_pylist()
-    assert Counter(r["prompt_verdict"] for r in records if r["prompt_verdict"]) == counts["all"]
+    assert Counter(r["prompt_verdict"] for r in records if r["prompt_verdict"]) == counts["all"] - Counter(both_differ=1)
     assert [r["prompt_verdict"] for r in records if r["status"] == "error"] == [None]
 
 
 def test_summary_md_and_csv_hold_the_same_numbers(billed_run):
-    counts = recount(pq.read_table(billed_run / "rec.parquet").to_pylist())
+    counts = recount(pq.read_table(billed_run / "rec.parquet").to_pylist(), completion_verdicts(billed_run))
     with open(billed_run / "bill" / "summary.csv", newline="", encoding="utf-8") as f:
         cells = {r["field"]: r["value"] for r in csv.DictReader(f) if r["section"] == "prompt_parity"}
     md = (billed_run / "bill" / "summary.md").read_text(encoding="utf-8")
@@ -238,24 +248,26 @@ def test_summary_md_and_csv_hold_the_same_numbers(billed_run):
     for provider in ("A", "B", "P", "all"):
         block = expected_block(counts[provider])
         prefix = "" if provider == "all" else f"by_provider.{provider}."
-        for key in ("equal", "equal_by_table", "differs", "not_billed", "compared", "equal_total"):
+        for key in ("equal", "equal_by_table", "differs", "both_differ", "not_billed", "compared", "equal_total"):
             assert int(cells[prefix + key]) == block[key], (provider, key)
             assert f"| {prefix}{key} | {block[key]} |" in section, (provider, key)
         assert float(cells[prefix + "equal_rate_lo"]) == pytest.approx(block["equal_rate_lo"])
 
 
 def test_the_terminal_line_and_the_page_say_prompts_equal_n_of_m(billed_run, kimi, capsys):
-    counts = recount(pq.read_table(billed_run / "rec.parquet").to_pylist())
+    counts = recount(pq.read_table(billed_run / "rec.parquet").to_pylist(), completion_verdicts(billed_run))
     assert main(["billing", str(billed_run / "rec.parquet"), "-o", str(billed_run / "again")]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("billing-only evidence:"))
     block = expected_block(counts["all"])
     m = re.search(r"prompts equal (\d+)/(\d+) \((\d+) by the provider table's count offsets\)", line)
     assert m and tuple(map(int, m.groups())) == (block["equal_total"], block["compared"], block["equal_by_table"])
+    assert line.count(f"; {block['both_differ']} differ with the completion unexplained too") == 1
     page = (billed_run / "again" / "report.html").read_text(encoding="utf-8").replace("<wbr>", "")
     assert "Prompt parity" in page
     for provider in ("A", "B", "P", "all"):
         b = expected_block(counts[provider])
         assert (f"<td class='tok'>{provider}</td><td class='num'>{b['equal']}</td><td class='num'>{b['equal_by_table']}"
-                f"</td><td class='num'>{b['differs']}</td><td class='num'>{b['not_billed']}</td><td class='num'>"
+                f"</td><td class='num'>{b['differs']}</td><td class='num'>{b['both_differ']}</td><td class='num'>"
+                f"{b['not_billed']}</td><td class='num'>"
                 f"{b['compared']}</td><td>{b['equal_total']}/{b['compared']} ({100 * b['equal_rate']:.1f}%) "
                 f"[{100 * b['equal_rate_lo']:.1f}%, {100 * b['equal_rate_hi']:.1f}%]</td>") in page, provider

@@ -145,13 +145,17 @@ def _convention(choice: str, votes: dict[str, int]) -> str:
 def prompt_counts(records: pd.DataFrame) -> dict[str, Any]:
     """Records per prompt verdict (:data:`~kimi_eagle.diff.billing.PROMPT_VERDICTS`), ``compared`` (a reconstructed
     and a billed count: equal, equal_by_table or differs), ``equal_total`` (equal + equal_by_table) and
-    ``equal_rate`` = equal_total / compared with its Wilson 95% interval (None when nothing was compared)."""
+    ``equal_rate`` = equal_total / compared with its Wilson 95% interval (None when nothing was compared), and
+    ``both_differ``: the records whose prompt differs and whose completion is unexplained too (both billed counts
+    off: the provider may have billed another request than the one it returned, docs/providers.md on DeepInfra)."""
     verdicts = records["prompt_verdict"] if "prompt_verdict" in records else pd.Series([], dtype=object)
     counts = {k: int((verdicts == k).sum()) for k in PROMPT_VERDICTS}
+    completion = records["verdict"] if "verdict" in records else pd.Series([None] * len(verdicts), dtype=object)
+    both = int(((verdicts == "differs") & (completion.values == "unexplained")).sum())
     compared = counts["equal"] + counts["equal_by_table"] + counts["differs"]
     total = counts["equal"] + counts["equal_by_table"]
     lo, hi = wilson(total, compared) if compared else (None, None)
-    return {**counts, "compared": compared, "equal_total": total,
+    return {**counts, "compared": compared, "equal_total": total, "both_differ": both,
             "equal_rate": total / compared if compared else None, "equal_rate_lo": lo, "equal_rate_hi": hi}
 
 
@@ -172,7 +176,9 @@ def prompt_parity_line(parity: dict[str, Any] | None) -> str:
     if not parity["recorded"]:
         return "prompts equal: billed prompt count not recorded"
     by_table = f" ({parity['equal_by_table']:,} by the provider table's count offsets)" if parity["equal_by_table"] else ""
-    return f"prompts equal {parity['equal_total']:,}/{parity['compared']:,}{by_table}"
+    both = parity.get("both_differ")
+    both = f"; {both:,} differ with the completion unexplained too" if both else ""
+    return f"prompts equal {parity['equal_total']:,}/{parity['compared']:,}{by_table}{both}"
 
 
 def summarize_billing(records: pd.DataFrame, data: str = "real", prompt_recorded: bool = True) -> dict[str, Any]:
@@ -488,7 +494,8 @@ def _providers_html(summary: dict[str, Any], image: Image) -> list[str]:
 
 
 PARITY_HEADERS = {"equal": "equal", "equal_by_table": "equal by the table's offsets", "differs": "differs",
-                  "not_billed": "not billed", "compared": "compared"}
+                  "both_differ": "differs, completion unexplained too", "not_billed": "not billed",
+                  "compared": "compared"}
 PARITY_RATE_HEADER = "equal (incl. by the table's offsets) of compared [Wilson 95% CI]"
 
 
@@ -511,6 +518,8 @@ def _prompt_parity_html(summary: dict[str, Any]) -> list[str]:
     return [*head, "<p>Per record: <i>equal</i> when the billed prompt count is the reconstructed prompt's IDs, "
             "<i>equal by the table's offsets</i> when it is once the count offsets of the provider table variant that "
             "rendered the prompt are added (count conventions, not tokens in the IDs), else <i>differs</i>; "
+            "<i>differs, completion unexplained too</i>: both billed counts of the record are off (the provider may "
+            "have billed another request than the one it returned); "
             "<i>not billed</i>: no usable usage.prompt_tokens. Error rows are not counted.</p>",
             _table(prompt_parity_table(parity))]
 
