@@ -72,8 +72,9 @@ VERDICTS = ("match", "explained", "unexplained", "no_billing", "error")
 PROVIDER_CONVENTIONS = ("provider_table", "eot_not_counted", "reasoning_with_think_end", "reasoning_not_reported",
                         "reasoning_count_not_comparable", "systematic_offset")
 SYSTEMATIC_MIN = 3  # a provider whose every record (at least this many) is off by one same count: a systematic gap
-RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "answer_dropped", "tool_id_rewritten", "whitespace_stripped",
-                      "replacement_char", "non_canonical_split", "args_reserialised")  # the fewest that explain win
+RECORD_CONVENTIONS = ("think_end_not_generated", "length_truncation", "answer_dropped", "tool_id_rewritten",
+                      "whitespace_stripped", "replacement_char", "non_canonical_split",
+                      "args_reserialised")  # the fewest that explain win
 SPLIT_EVERY = 1000  # a non-canonical split (the engine sampled a longer segmentation): at most 1 per 1,000 tokens, >= 1
 UNBOUNDED = 1 << 40
 REPLACEMENT_CHAR = "\ufffd".encode()
